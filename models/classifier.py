@@ -1,0 +1,95 @@
+"""The budgeted classifier: gated encoder, pooling, linear head, and the learned gate controller."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from headbudget.models.budget import GateParams, head_mask, head_order, n_kept
+from headbudget.models.config import ModelConfig
+from headbudget.models.encoder import Encoder
+
+
+class GateController(nn.Module):
+    """Per-head logit a_lh and budget sensitivity beta_lh = softplus(raw_lh) (METHODS.md section 1)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        shape = (cfg.n_layers, cfg.n_heads)
+        self.logit = nn.Parameter(torch.full(shape, cfg.gate.init_logit))
+        self.raw_beta = nn.Parameter(torch.full(shape, cfg.gate.init_raw_beta))
+
+    def forward(self, budget: torch.Tensor) -> torch.Tensor:
+        """budget (B,) -> soft gates g(b), shape (B, L, H), monotone non-decreasing in b."""
+        eps = self.cfg.gate.eps
+        b = budget.clamp(eps, 1.0 - eps).to(self.logit.dtype)
+        lb = torch.log(b / (1.0 - b))[:, None, None]  # (B, 1, 1)
+        beta = F.softplus(self.raw_beta)
+        return torch.sigmoid((self.logit[None] + beta[None] * lb) / self.cfg.gate.tau)
+
+    def params(self) -> GateParams:
+        """The current a and beta as float64 arrays, for the torch-free mask policy."""
+        a = self.logit.detach().double().cpu().numpy()
+        beta = F.softplus(self.raw_beta.detach().double()).cpu().numpy()
+        return GateParams(a=a, beta=beta)
+
+    def order(self) -> np.ndarray:
+        """Flat head ranking by crossing budget (see models/budget.py)."""
+        return head_order(self.params())
+
+    def hard_mask(self, budget: float) -> np.ndarray:
+        """The serving mask for ``budget``: bool (L, H), nested across budgets by construction."""
+        c = self.cfg
+        return head_mask(self.order(), budget, c.n_layers, c.n_heads, c.gate.structural)
+
+
+class BudgetedClassifier(nn.Module):
+    """Encoder classifier that runs dense, with soft gates, with a hard mask, or with straight-through gates."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.encoder = Encoder(cfg)
+        self.classifier = nn.Linear(cfg.hidden_size, cfg.n_labels)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.gates = GateController(cfg)
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, head_gate: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """input_ids, attention_mask (B, N); head_gate (B, L, H), (L, H) or None (dense) -> logits (B, C)."""
+        if head_gate is not None and head_gate.dim() == 2:
+            head_gate = head_gate.expand(input_ids.shape[0], -1, -1)
+        h = self.encoder(input_ids, attention_mask, head_gate)  # (B, N, D)
+        if self.cfg.pooling == "cls":
+            pooled = h[:, 0]
+        else:
+            m = attention_mask.to(h.dtype)[:, :, None]  # (B, N, 1)
+            pooled = (h * m).sum(1) / m.sum(1).clamp_min(1.0)
+        return self.classifier(self.dropout(pooled))
+
+    def soft_gates(self, budget: torch.Tensor) -> torch.Tensor:
+        """Soft gates for a (B,) tensor of budgets, shape (B, L, H)."""
+        return self.gates(budget)
+
+    def hard_gates(self, budget: float) -> torch.Tensor:
+        """The hard mask for one budget as a float (L, H) tensor of 0s and 1s."""
+        mask = self.gates.hard_mask(budget)
+        return torch.as_tensor(mask, dtype=self.classifier.weight.dtype, device=self.classifier.weight.device)
+
+    def ste_gates(self, budget: torch.Tensor) -> torch.Tensor:
+        """Straight-through gates for (B,) budgets: forward is the hard mask, gradient flows through g(b)."""
+        g = self.gates(budget)  # (B, L, H)
+        c = self.cfg
+        order = self.gates.order()
+        hard = np.stack([head_mask(order, float(b), c.n_layers, c.n_heads, c.gate.structural) for b in budget])
+        hard_t = torch.as_tensor(hard, dtype=g.dtype, device=g.device)
+        return hard_t + g - g.detach()
+
+    def hard_cost(self, budget: float) -> float:
+        """Fraction of heads the hard mask keeps: k / (L * H)."""
+        c = self.cfg
+        return n_kept(budget, c.n_layers, c.n_heads, c.gate.structural) / c.total_heads

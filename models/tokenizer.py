@@ -1,0 +1,70 @@
+"""Fast (Rust) tokenization with explicit truncation, shared by training, the engine and the service."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+TOKENIZER_FILE = "tokenizer.json"
+# Files copied next to the weights so that a checkpoint folder is also a valid Hugging Face tokenizer folder.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """Token ids of a batch of texts, and which ones were cut at the model's maximum length."""
+
+    ids: list[list[int]]
+    truncated: list[bool]
+
+    def padded(self, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Pad to the longest sequence in the batch: input_ids, attention_mask, both int64 (B, N)."""
+        n = max(len(x) for x in self.ids)
+        ids = np.full((len(self.ids), n), pad_id, dtype=np.int64)
+        mask = np.zeros((len(self.ids), n), dtype=np.int64)
+        for i, row in enumerate(self.ids):
+            ids[i, : len(row)] = row
+            mask[i, : len(row)] = 1
+        return ids, mask
+
+
+class TextEncoder:
+    """Wraps a ``tokenizer.json``; truncates to ``max_length`` tokens keeping [CLS] ... [SEP]."""
+
+    def __init__(self, folder: Path, max_length: int) -> None:
+        path = Path(folder) / TOKENIZER_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: missing tokenizer file")
+        self.tokenizer = Tokenizer.from_file(str(path))
+        self.tokenizer.no_padding()
+        self.tokenizer.no_truncation()
+        self.max_length = max_length
+        self.pad_id = self.tokenizer.token_to_id("[PAD]") or 0
+
+    def encode(self, texts: list[str]) -> Encoded:
+        """Tokenize a batch; sequences longer than ``max_length`` keep their head and the final [SEP]."""
+        out: list[list[int]] = []
+        cut: list[bool] = []
+        for enc in self.tokenizer.encode_batch(texts):
+            ids = enc.ids
+            if len(ids) > self.max_length:
+                ids = ids[: self.max_length - 1] + ids[-1:]
+                cut.append(True)
+            else:
+                cut.append(False)
+            out.append(ids)
+        return Encoded(ids=out, truncated=cut)
+
+
+def copy_tokenizer(src: Path, dst: Path) -> None:
+    """Copy the tokenizer files that exist in ``src`` into a checkpoint folder."""
+    dst.mkdir(parents=True, exist_ok=True)
+    if not (Path(src) / TOKENIZER_FILE).is_file():
+        raise FileNotFoundError(f"{Path(src) / TOKENIZER_FILE}: missing tokenizer file")
+    for name in TOKENIZER_FILES:
+        if (Path(src) / name).is_file():
+            shutil.copyfile(Path(src) / name, dst / name)
