@@ -1,0 +1,49 @@
+"""Session fixtures: small checkpoints built once and shared by every test package."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(1)
+
+
+def make_random_checkpoint(folder: Path, seed: int = 0, **overrides: int) -> Path:
+    """A random encoder with random (non-uniform) gate parameters, saved as a real checkpoint folder."""
+    from headbudget.models.checkpoint import save_checkpoint
+    from headbudget.models.config import GateConfig
+    from headbudget.models.pretrained import minilm_path, random_init
+    from headbudget.models.tokenizer import copy_tokenizer
+
+    model = random_init(("negative", "positive"), GateConfig(), seed=seed, **overrides)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        # Spread the gates so that head rankings, and hence masks, differ from the (layer, head) order.
+        model.gates.logit.copy_(torch.randn(model.gates.logit.shape, generator=g) * 2.0)
+        model.gates.raw_beta.copy_(torch.randn(model.gates.raw_beta.shape, generator=g))
+        for p in model.encoder.parameters():  # larger weights than 0.02 so heads differ measurably
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    model.eval()
+    save_checkpoint(model, folder, {"name": folder.name, "model_type": "budgeted"})
+    copy_tokenizer(minilm_path(), folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny base (2 layers x 4 heads, width 64), random weights and gates."""
+    return make_random_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def minilm_shaped_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Random weights in MiniLM's shape (6 layers x 12 heads, width 384), short positions to stay small."""
+    return make_random_checkpoint(
+        tmp_path_factory.mktemp("ckpt") / "minilm-shaped", seed=3, hidden_size=384, n_layers=6, n_heads=12,
+        intermediate_size=1536, max_position=512,
+    )
