@@ -96,7 +96,9 @@ def from_pretrained(folder: Path, labels: tuple[str, ...], gate: GateConfig, see
     return model
 
 
-def random_init(labels: tuple[str, ...], gate: GateConfig, seed: int = 0, **overrides: int) -> BudgetedClassifier:
+def random_init(
+    labels: tuple[str, ...], gate: GateConfig, seed: int = 0, **overrides: float
+) -> BudgetedClassifier:
     """The ``tiny`` base: a randomly initialised encoder (2 layers x 4 heads, width 64 unless overridden)."""
     cfg = replace(ModelConfig(labels=labels, gate=gate), **{**TINY, **overrides})
     torch.manual_seed(seed)

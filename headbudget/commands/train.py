@@ -1,0 +1,52 @@
+"""`headbudget train`: the three-stage budgeted recipe, resumable, ending with a sweep of the result."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from headbudget.commands.common import positive_int
+
+MODEL_TYPES = ("budgeted",)
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("train", help="train a budget-conditioned checkpoint")
+    p.add_argument("--base", default="minilm", help="minilm, tiny, or a local Hugging Face BERT folder")
+    p.add_argument("--data", required=True, help="synthetic, a folder with train/test files, or a HF dataset name")
+    p.add_argument("--recipe", default="quick", choices=("smoke", "quick", "full"))
+    p.add_argument("--model", default="budgeted", choices=MODEL_TYPES, help="model type")
+    p.add_argument("--out", required=True, type=Path, help="checkpoint folder (resumes if it holds this run)")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--structural", action="store_true", help="keep at least one head in every layer")
+    p.add_argument("--text-column", default="text")
+    p.add_argument("--label-column", default="label")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--examples-per-stage", type=positive_int, default=None, help="override the recipe's cap")
+    p.add_argument("--no-sweep", action="store_true", help="skip the test-split sweep at the end")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from headbudget.training.recipes import get_recipe
+    from headbudget.training.report import evaluate_checkpoint
+    from headbudget.training.trainer import RunConfig, train
+
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    overrides = {"examples_per_stage": args.examples_per_stage} if args.examples_per_stage else {}
+    recipe = get_recipe(args.recipe, **overrides)
+    if device == "cpu":
+        torch.set_num_threads(max(1, torch.get_num_threads()))
+    run_cfg = RunConfig(base=args.base, data=args.data, recipe=recipe, seed=args.seed, structural=args.structural,
+                        text_column=args.text_column, label_column=args.label_column, device=device)
+    out = train(run_cfg, args.out)
+    if not args.no_sweep:
+        sweep = evaluate_checkpoint(out, args.data, "test", out, limit=recipe.sweep_examples)
+        half = next(p for p in sweep["points"] if abs(p["budget"] - 0.5) < 1e-9)
+        print(f"{out}: dense {sweep['dense_accuracy']:.4f}, hard b=0.5 {half['accuracy_hard']:.4f} "
+              f"({half['heads_active']}/{half['heads_total']} heads) on {sweep['n_examples']} test examples")
+    else:
+        print(f"{out}: trained")
+    return 0

@@ -1,0 +1,56 @@
+"""Tokenized splits and padded mini-batches."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from headbudget.models.tokenizer import Encoded, TextEncoder
+from headbudget.training.data import Split
+
+
+@dataclass(frozen=True)
+class TokenizedSplit:
+    """Token ids (already truncated) and labels of one split."""
+
+    ids: list[list[int]]
+    labels: np.ndarray  # (N,) int64
+    truncated: int  # how many texts were cut at max_length
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def tokenize(split: Split, encoder: TextEncoder) -> TokenizedSplit:
+    """Tokenize every text of a split once, up front."""
+    enc = encoder.encode(split.texts)
+    return TokenizedSplit(enc.ids, np.asarray(split.labels, dtype=np.int64), sum(enc.truncated))
+
+
+def batches(
+    data: TokenizedSplit, batch_size: int, device: torch.device, shuffle: bool = False,
+    rng: np.random.Generator | None = None, pad_id: int = 0,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(input_ids, attention_mask, labels), each batch padded to its own longest sequence.
+
+    Without shuffling, batches are formed over length-sorted examples (less padding, faster evaluation);
+    callers that need the original order get it back from ``order_for_eval``.
+    """
+    n = len(data)
+    if shuffle:
+        order = (rng or np.random.default_rng()).permutation(n)
+    else:
+        order = order_for_eval(data)
+    for start in range(0, n, batch_size):
+        idx = order[start : start + batch_size]
+        ids, mask = Encoded([data.ids[i] for i in idx], [False] * len(idx)).padded(pad_id)
+        yield (torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device),
+               torch.from_numpy(data.labels[idx]).to(device))
+
+
+def order_for_eval(data: TokenizedSplit) -> np.ndarray:
+    """Example indices sorted by length (stable), the order in which evaluation batches are formed."""
+    return np.argsort(np.fromiter((len(x) for x in data.ids), dtype=np.int64, count=len(data)), kind="stable")

@@ -1,0 +1,70 @@
+"""Training recipes: frozen presets for the three stages of METHODS.md section 1."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything a training run needs besides the base model and the data; saved with the checkpoint."""
+
+    name: str
+    dense_epochs: float  # stage 1: dense warm start (gates off); the published key to stable budgeted training
+    budget_epochs: float  # stage 2: soft gates, b ~ U[b_min, 1] per batch
+    hard_epochs: float = 1.0  # stage 3: one epoch of hard top-k with straight-through + distillation
+    examples_per_stage: int | None = None  # cap on training examples per stage (None = all)
+    batch_size: int = 32
+    max_length: int = 128
+    lr: float = 5e-5  # encoder and classifier (AdamW, linear warm-up then decay)
+    # Gates need to move several logits within one stage; with lr 5e-5 they would barely move.
+    gate_lr: float = 5e-2
+    weight_decay: float = 0.01
+    warmup_fraction: float = 0.06
+    b_min: float = 0.1
+    lambda_cost: float = 0.1  # weight of C(b): prefer cheaper gates when the loss allows it
+    lambda_violation: float = 10.0  # weight of max(0, C(b) - b)^2: keep the soft cost under the budget
+    distill_alpha: float = 0.5  # stage 3: alpha * CE + (1 - alpha) * T^2 * KL
+    distill_temperature: float = 2.0
+    # Word embeddings stay frozen: they are half of MiniLM's parameters, the data sets are small (10k rows
+    # for AG News), and freezing them keeps fine-tuning from drifting rare-token rows it barely sees.
+    freeze_embeddings: bool = True
+    val_examples: int | None = None  # validation subset used for checkpoint selection (None = all)
+    val_budgets: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75, 1.0)  # selection metric: mean accuracy over these
+    evals_per_epoch: int = 1
+    synthetic_size: int = 4000  # training rows of the synthetic task
+    sweep_examples: int | None = None  # test examples in the sweep written at the end of training (None = all)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["val_budgets"] = list(self.val_budgets)
+        return d
+
+
+PRESETS: dict[str, Recipe] = {
+    # Tiny base on the synthetic task: the end-to-end test of the whole pipeline, well under a minute.
+    "smoke": Recipe(
+        name="smoke", dense_epochs=8, budget_epochs=3, hard_epochs=1, batch_size=32, max_length=32,
+        lr=1e-3, gate_lr=5e-2, warmup_fraction=0.05, val_budgets=(0.25, 0.5, 1.0), synthetic_size=3000,
+        freeze_embeddings=False,
+    ),
+    # MiniLM on ~2,000 examples a stage: a usable checkpoint in minutes on 2 cores.
+    "quick": Recipe(
+        name="quick", dense_epochs=1, budget_epochs=1, hard_epochs=1, examples_per_stage=2000, batch_size=16,
+        sweep_examples=500,
+        max_length=128, lr=1e-4, gate_lr=1e-1, val_examples=300, val_budgets=(0.25, 0.5, 1.0),
+    ),
+    # All training data: the numbers in docs/results.md come from this one.
+    "full": Recipe(
+        name="full", dense_epochs=3, budget_epochs=3, hard_epochs=1, batch_size=32, max_length=128,
+        lr=5e-5, gate_lr=5e-2, evals_per_epoch=2,
+    ),
+}
+
+
+def get_recipe(name: str, **overrides: Any) -> Recipe:
+    """A preset by name, with optional field overrides."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown recipe {name!r}; choose one of {', '.join(PRESETS)}")
+    return replace(PRESETS[name], **overrides)

@@ -1,0 +1,64 @@
+"""Evaluate a checkpoint on a split: the sweep, the dense reference, the figures; used by train and eval."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from headbudget.models.checkpoint import CheckpointError, load_checkpoint
+from headbudget.models.classifier import BudgetedClassifier
+from headbudget.models.tokenizer import TextEncoder
+from headbudget.training.batches import TokenizedSplit, tokenize
+from headbudget.training.data import DataError, DataSet, Split, load_data
+from headbudget.training.plots import pareto_plot
+from headbudget.training.sweep import HardRunner, dense_reference, run_sweep
+
+log = logging.getLogger(__name__)
+
+
+def align_labels(ds: DataSet, split: Split, model_labels: tuple[str, ...]) -> Split:
+    """Re-index a split's labels to the checkpoint's label order, refusing labels the model never saw."""
+    unknown = sorted({ds.labels[y] for y in split.labels} - set(model_labels))
+    if unknown:
+        raise DataError(f"labels in the data that the model does not know: {', '.join(map(repr, unknown[:5]))} "
+                        f"(model labels: {', '.join(model_labels)})")
+    index = {name: i for i, name in enumerate(model_labels)}
+    return Split(split.texts, [index[ds.labels[y]] for y in split.labels])
+
+
+def evaluate_checkpoint(
+    folder: Path, data_spec: str, split: str, out: Path, limit: int | None = None,
+    model: BudgetedClassifier | None = None, config: dict[str, Any] | None = None,
+    extra_hard: Callable[[TokenizedSplit], dict[str, HardRunner]] | None = None,
+) -> dict[str, Any]:
+    """Run the 19-budget sweep of a checkpoint on ``split`` and write sweep.json and pareto.png to ``out``."""
+    if model is None or config is None:
+        model, config = load_checkpoint(folder)
+    data_meta = config.get("data", {})
+    ds = load_data(data_spec, data_meta.get("text_column", "text"), data_meta.get("label_column", "label"),
+                   seed=int(config.get("seed", 7)))
+    part = align_labels(ds, ds.split(split).take(limit), model.cfg.labels)
+    if not len(part):
+        raise DataError(f"split {split!r} of {data_spec} is empty")
+    encoder = TextEncoder(folder, int(config.get("max_length", model.cfg.max_position)))
+    data = tokenize(part, encoder)
+    dense_acc = None
+    dense_dir = folder / "stages" / "dense"
+    if (dense_dir / "config.json").is_file():
+        try:
+            dense_model, _ = load_checkpoint(dense_dir)
+            dense_acc = dense_reference(dense_model, data)
+            log.info("dense warm-start model (%s): %.4f", dense_dir, dense_acc)
+        except CheckpointError as e:
+            log.warning("ignoring the warm-start model: %s", e)
+    sweep = run_sweep(model, data, ds.name, split, dense_accuracy=dense_acc,
+                      extra_hard=extra_hard(data) if extra_hard else None, progress=log.info)
+    sweep["dense_reference"] = "warm-start stage" if dense_acc is not None else "checkpoint with all heads, ungated"
+    sweep["truncated_examples"] = data.truncated
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.json").write_text(json.dumps(sweep, indent=2) + "\n")
+    pareto_plot(sweep, out / "pareto.png")
+    return sweep

@@ -1,0 +1,142 @@
+"""The three training stages of METHODS.md section 1: dense warm start, budgeted fine-tune, hard adaptation."""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from headbudget.models.classifier import BudgetedClassifier
+from headbudget.training.batches import TokenizedSplit, batches
+from headbudget.training.evaluation import accuracy, mean_accuracy
+from headbudget.training.recipes import Recipe
+
+Stage = Literal["dense", "budget", "hard"]
+STAGES: tuple[Stage, ...] = ("dense", "budget", "hard")
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """What a finished stage reports (also written to its done.json)."""
+
+    stage: str
+    steps: int
+    best_val: float  # selection metric of the kept weights
+    history: list[dict[str, float]]
+    seconds: float
+
+
+def distillation_loss(student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor,
+                      alpha: float, temperature: float) -> torch.Tensor:
+    """alpha * CE(student, y) + (1 - alpha) * T^2 * KL(softmax(teacher / T) || softmax(student / T))."""
+    t = temperature
+    kl = F.kl_div(F.log_softmax(student / t, -1), F.log_softmax(teacher / t, -1), log_target=True,
+                  reduction="batchmean")
+    return alpha * F.cross_entropy(student, labels) + (1.0 - alpha) * t * t * kl
+
+
+def budget_losses(model: BudgetedClassifier, gates: torch.Tensor, b: float, recipe: Recipe) -> torch.Tensor:
+    """lambda_cost * C(b) + lambda_violation * max(0, C(b) - b)^2 for one batch's gates (1, L, H)."""
+    cost = gates.mean()
+    return recipe.lambda_cost * cost + recipe.lambda_violation * F.relu(cost - b) ** 2
+
+
+def _optimizer(model: BudgetedClassifier, recipe: Recipe, stage: Stage, steps: int):
+    gate_params = list(model.gates.parameters())
+    frozen = {id(model.encoder.embeddings.word.weight)} if recipe.freeze_embeddings else set()
+    body = [p for n, p in model.named_parameters() if not n.startswith("gates.") and id(p) not in frozen]
+    for p in model.parameters():
+        p.requires_grad_(id(p) not in frozen)
+    groups = [{"params": body, "lr": recipe.lr, "weight_decay": recipe.weight_decay}]
+    if stage != "dense":
+        groups.append({"params": gate_params, "lr": recipe.gate_lr, "weight_decay": 0.0})
+    else:
+        for p in gate_params:
+            p.requires_grad_(False)
+    opt = torch.optim.AdamW(groups)
+    warm = max(1, int(steps * recipe.warmup_fraction))
+
+    def lr_factor(s: int) -> float:  # linear warm-up, then linear decay to zero
+        return (s + 1) / warm if s < warm else max(0.0, (steps - s) / max(1, steps - warm))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
+    return opt, sched
+
+
+def _select_metric(model: BudgetedClassifier, val: TokenizedSplit, stage: Stage, recipe: Recipe) -> float:
+    if stage == "dense":
+        return accuracy(model, val, "dense")
+    return mean_accuracy(model, val, "soft" if stage == "budget" else "hard", recipe.val_budgets)
+
+
+def run_stage(
+    model: BudgetedClassifier, stage: Stage, recipe: Recipe, train: TokenizedSplit, val: TokenizedSplit,
+    seed: int, teacher: BudgetedClassifier | None = None,
+) -> StageResult:
+    """Train ``model`` in place for one stage and leave it holding the best weights seen on validation."""
+    import time
+
+    t0 = time.perf_counter()
+    device = next(model.parameters()).device
+    epochs = {"dense": recipe.dense_epochs, "budget": recipe.budget_epochs, "hard": recipe.hard_epochs}[stage]
+    n = min(len(train), recipe.examples_per_stage or len(train))
+    steps_per_epoch = math.ceil(n / recipe.batch_size)
+    steps = max(1, int(round(epochs * steps_per_epoch)))
+    eval_every = max(1, steps_per_epoch // max(1, recipe.evals_per_epoch))
+    opt, sched = _optimizer(model, recipe, stage, steps)
+    rng = np.random.default_rng(seed)
+    torch.manual_seed(seed)
+    best, best_state, history = -1.0, copy.deepcopy(model.state_dict()), []
+    bar = tqdm(total=steps, desc=f"{stage:>6}", mininterval=2.0, dynamic_ncols=True)
+    step = 0
+    model.train()
+    while step < steps:
+        subset = TokenizedSplit(train.ids[:n], train.labels[:n], 0)
+        for ids, mask, y in batches(subset, recipe.batch_size, device, shuffle=True, rng=rng):
+            b = float(rng.uniform(recipe.b_min, 1.0))
+            loss = _stage_loss(model, stage, recipe, ids, mask, y, b, teacher)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}", b=f"{b:.2f}", val=f"{max(best, 0):.3f}", refresh=False)
+            if step % eval_every == 0 or step == steps:
+                metric = _select_metric(model, val, stage, recipe)
+                history.append({"step": step, "val": metric, "loss": float(loss.item())})
+                if metric > best:
+                    best, best_state = metric, copy.deepcopy(model.state_dict())
+                model.train()
+            if step >= steps:
+                break
+    bar.close()
+    model.load_state_dict(best_state)
+    model.eval()
+    return StageResult(stage, steps, best, history, time.perf_counter() - t0)
+
+
+def _stage_loss(
+    model: BudgetedClassifier, stage: Stage, recipe: Recipe, ids: torch.Tensor, mask: torch.Tensor,
+    y: torch.Tensor, b: float, teacher: BudgetedClassifier | None,
+) -> torch.Tensor:
+    bt = torch.tensor([b], device=ids.device)
+    if stage == "dense":
+        return F.cross_entropy(model(ids, mask), y)
+    if stage == "budget":
+        gates = model.soft_gates(bt)  # (1, L, H): one budget per batch
+        return F.cross_entropy(model(ids, mask, gates[0]), y) + budget_losses(model, gates, b, recipe)
+    assert teacher is not None, "hard adaptation distils from the frozen stage-2 model"
+    with torch.no_grad():
+        t_logits = teacher(ids, mask, teacher.soft_gates(bt)[0])
+    # Straight-through: the forward pass uses the serving mask (same crossing-budget ranking), the
+    # backward pass reaches the gate parameters through g(b).
+    s_logits = model(ids, mask, model.ste_gates(bt)[0])
+    return distillation_loss(s_logits, t_logits, y, recipe.distill_alpha, recipe.distill_temperature)
