@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 
@@ -68,3 +68,32 @@ def get_recipe(name: str, **overrides: Any) -> Recipe:
     if name not in PRESETS:
         raise ValueError(f"unknown recipe {name!r}; choose one of {', '.join(PRESETS)}")
     return replace(PRESETS[name], **overrides)
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` strings -> typed Recipe field overrides; unknown keys and bad values raise ValueError."""
+    types = {f.name: f.type for f in fields(Recipe)}
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in types or key == "name":
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE with KEY one of "
+                             f"{', '.join(k for k in types if k != 'name')}")
+        kind = str(types[key])
+        try:
+            if "tuple" in kind:
+                out[key] = tuple(float(v) for v in value.split(",") if v.strip())
+            elif "bool" in kind:
+                if value.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(value)
+                out[key] = value.lower() in ("true", "1")
+            elif value.lower() == "none" and "None" in kind:
+                out[key] = None
+            elif "int" in kind and "float" not in kind:
+                out[key] = int(value)
+            else:
+                out[key] = float(value)
+        except ValueError:
+            raise ValueError(f"--set {item!r}: {value!r} is not a valid {kind}") from None
+    return out

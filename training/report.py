@@ -32,11 +32,12 @@ def align_labels(ds: DataSet, split: Split, model_labels: tuple[str, ...]) -> Sp
 def evaluate_checkpoint(
     folder: Path, data_spec: str, split: str, out: Path, limit: int | None = None,
     model: BudgetedClassifier | None = None, config: dict[str, Any] | None = None,
-    extra_hard: Callable[[TokenizedSplit], dict[str, HardRunner]] | None = None,
+    extra_hard: Callable[[TokenizedSplit], dict[str, HardRunner]] | None = None, device: str = "cpu",
 ) -> dict[str, Any]:
     """Run the 19-budget sweep of a checkpoint on ``split`` and write sweep.json and pareto.png to ``out``."""
     if model is None or config is None:
         model, config = load_checkpoint(folder)
+    model = model.to(device)
     data_meta = config.get("data", {})
     ds = load_data(data_spec, data_meta.get("text_column", "text"), data_meta.get("label_column", "label"),
                    seed=int(config.get("seed", 7)))
@@ -50,6 +51,7 @@ def evaluate_checkpoint(
     if (dense_dir / "config.json").is_file():
         try:
             dense_model, _ = load_checkpoint(dense_dir)
+            dense_model = dense_model.to(device)
             dense_acc = dense_reference(dense_model, data)
             log.info("dense warm-start model (%s): %.4f", dense_dir, dense_acc)
         except CheckpointError as e:

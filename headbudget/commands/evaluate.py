@@ -15,6 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--split", default="test", choices=("train", "validation", "test"))
     p.add_argument("--out", required=True, type=Path, help="folder for sweep.json and pareto.png")
     p.add_argument("--limit", type=positive_int, default=None, help="only the first N examples")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (the reference model's device)")
     p.add_argument("--int8", action="store_true", help="add the int8 engine's hard accuracy per budget")
     p.set_defaults(func=run)
 
@@ -24,9 +25,9 @@ def run(args: argparse.Namespace) -> int:
 
     from headbudget.training.report import evaluate_checkpoint
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     extra = _int8_runner(args.model) if args.int8 else None
-    sweep = evaluate_checkpoint(args.model, args.data, args.split, args.out, limit=args.limit, extra_hard=extra)
+    sweep = evaluate_checkpoint(args.model, args.data, args.split, args.out, limit=args.limit, extra_hard=extra,
+                                device=args.device)
     print(f"{'budget':>6} {'heads':>7} {'soft_cost':>9} {'acc_soft':>8} {'acc_hard':>8}")
     for p in sweep["points"]:
         print(f"{p['budget']:>6.2f} {p['heads_active']:>3}/{p['heads_total']:<3} {p['soft_cost']:>9.3f} "

@@ -23,6 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--label-column", default="label")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--examples-per-stage", type=positive_int, default=None, help="override the recipe's cap")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a recipe field, e.g. --set gate_lr=0.1 (repeatable)")
     p.add_argument("--no-sweep", action="store_true", help="skip the test-split sweep at the end")
     p.set_defaults(func=run)
 
@@ -30,20 +32,24 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from headbudget.training.recipes import get_recipe
+    from headbudget.commands.common import CliError
+    from headbudget.training.recipes import get_recipe, parse_overrides
     from headbudget.training.report import evaluate_checkpoint
     from headbudget.training.trainer import RunConfig, train
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    overrides = {"examples_per_stage": args.examples_per_stage} if args.examples_per_stage else {}
+    try:
+        overrides = parse_overrides(args.overrides)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    if args.examples_per_stage:
+        overrides["examples_per_stage"] = args.examples_per_stage
     recipe = get_recipe(args.recipe, **overrides)
-    if device == "cpu":
-        torch.set_num_threads(max(1, torch.get_num_threads()))
     run_cfg = RunConfig(base=args.base, data=args.data, recipe=recipe, seed=args.seed, structural=args.structural,
                         text_column=args.text_column, label_column=args.label_column, device=device)
     out = train(run_cfg, args.out)
     if not args.no_sweep:
-        sweep = evaluate_checkpoint(out, args.data, "test", out, limit=recipe.sweep_examples)
+        sweep = evaluate_checkpoint(out, args.data, "test", out, limit=recipe.sweep_examples, device=device)
         half = next(p for p in sweep["points"] if abs(p["budget"] - 0.5) < 1e-9)
         print(f"{out}: dense {sweep['dense_accuracy']:.4f}, hard b=0.5 {half['accuracy_hard']:.4f} "
               f"({half['heads_active']}/{half['heads_total']} heads) on {sweep['n_examples']} test examples")
