@@ -1,0 +1,136 @@
+"""What every backend shares: budget and input validation, tokenization, padding, answers and their cost."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from headbudget.engine.cost import Shape, forward_cost
+from headbudget.engine.errors import BudgetError, InputError, ModelLoadError
+from headbudget.engine.types import BatchResult, Cost, EngineOptions, ModelInfo, Prediction
+from headbudget.models.budget import n_kept
+from headbudget.models.config import ModelConfig
+from headbudget.models.tokenizer import TextEncoder
+
+
+def check_budget(budget: object) -> float:
+    """A finite number in [0, 1] as a float, else BudgetError (bool is refused: True is not a budget)."""
+    if isinstance(budget, bool) or not isinstance(budget, (int, float, np.floating)):
+        raise BudgetError(f"budget must be a number in [0, 1], got {budget!r}")
+    b = float(budget)
+    if not math.isfinite(b) or not 0.0 <= b <= 1.0:
+        raise BudgetError(f"budget must be a number in [0, 1], got {budget!r}")
+    return b
+
+
+def check_texts(texts: Sequence[str]) -> list[str]:
+    if isinstance(texts, str) or not isinstance(texts, Sequence):
+        raise InputError("texts must be a list of strings")
+    if not texts:
+        raise InputError("empty batch: give at least one text")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise InputError(f"text {i} is {type(t).__name__}, not a string")
+        if not t.strip():
+            raise InputError(f"text {i} is empty")
+    return list(texts)
+
+
+def pad(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pad to the longest sequence: input_ids int64 (B, N) and attention_mask int32 (B, N)."""
+    lengths = [len(row) for row in ids]
+    n = max(lengths)
+    out = np.full((len(ids), n), pad_id, dtype=np.int64)
+    mask = np.zeros((len(ids), n), dtype=np.int32)
+    for i, row in enumerate(ids):
+        out[i, : lengths[i]] = row
+        mask[i, : lengths[i]] = 1
+    return out, mask
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits - logits.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)  # type: ignore[no-any-return]
+
+
+class EngineBase:
+    """Tokenization, budgets and answers; a backend implements ``layer_counts`` and ``forward_ids``."""
+
+    cfg: ModelConfig
+    info: ModelInfo
+
+    def __init__(self, model_dir: Path, cfg: ModelConfig, options: EngineOptions) -> None:
+        self.model_dir, self.cfg, self.options = Path(model_dir), cfg, options
+        max_length = options.max_length or cfg.max_position
+        if not 2 <= max_length <= cfg.max_position:
+            raise ModelLoadError(f"max_length {max_length} outside [2, {cfg.max_position}] for {model_dir}")
+        try:
+            self.encoder = TextEncoder(self.model_dir, max_length)
+        except (FileNotFoundError, ValueError, OSError) as e:
+            raise ModelLoadError(f"{model_dir}: tokenizer unusable ({e})") from e
+        self.max_length = max_length
+        self.shape = Shape.of(cfg)
+
+    # -- to implement ----------------------------------------------------------------------------------
+    def layer_counts(self, budget: float) -> tuple[int, ...]:
+        """Heads kept per layer at ``budget`` (already validated)."""
+        raise NotImplementedError
+
+    def forward_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray, budget: float) -> np.ndarray:
+        """Logits (B, C) float32 for padded int64 ids and int32 mask (B, N)."""
+        raise NotImplementedError
+
+    # -- the Engine interface ---------------------------------------------------------------------------
+    def mask_key(self, budget: float) -> int:
+        c = self.cfg
+        return n_kept(check_budget(budget), c.n_layers, c.n_heads, c.gate.structural)
+
+    def count_tokens(self, texts: Sequence[str]) -> list[tuple[int, bool]]:
+        enc = self.encoder.encode(check_texts(texts))
+        return [(len(ids), cut) for ids, cut in zip(enc.ids, enc.truncated, strict=True)]
+
+    def predict(self, texts: Sequence[str], budget: float) -> BatchResult:
+        b = check_budget(budget)
+        enc = self.encoder.encode(check_texts(texts))
+        ids, mask = pad(enc.ids, self.encoder.pad_id)
+        counts = self.layer_counts(b)
+        t0 = time.perf_counter()
+        logits = self.forward_ids(ids, mask, b)
+        latency = time.perf_counter() - t0
+        probs = softmax(logits.astype(np.float64))
+        labels = self.cfg.labels
+        preds = []
+        for i, row in enumerate(logits.tolist()):
+            n = len(enc.ids[i])
+            preds.append(Prediction(
+                label=labels[int(np.argmax(logits[i]))],
+                scores=dict(zip(labels, probs[i].tolist(), strict=True)),
+                logits=row, n_tokens=n, truncated=enc.truncated[i], cost=self.cost(counts, n),
+            ))
+        return BatchResult(predictions=preds, budget=b, heads_active=sum(counts),
+                           heads_total=self.cfg.total_heads, latency_s=latency)
+
+    def predict_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray, budget: float) -> np.ndarray:
+        """Logits (B, C) for pre-tokenized, padded inputs (evaluation and the benchmark)."""
+        b = check_budget(budget)
+        ids = np.ascontiguousarray(input_ids, dtype=np.int64)
+        mask = np.ascontiguousarray(attention_mask, dtype=np.int32)
+        if ids.ndim != 2 or ids.shape != mask.shape or ids.shape[0] == 0 or ids.shape[1] == 0:
+            raise InputError(f"input_ids and attention_mask must be equal non-empty (B, N), got {ids.shape}, {mask.shape}")
+        if ids.shape[1] > self.max_length:
+            raise InputError(f"sequence length {ids.shape[1]} exceeds max_length {self.max_length}")
+        return self.forward_ids(ids, mask, b)
+
+    def cost(self, counts: Sequence[int], n_tokens: int) -> Cost:
+        return forward_cost(self.shape, counts, n_tokens)
+
+    def warmup(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,240 @@
+"""ONNX graphs that compute only the active heads, built by our own code from the weight store.
+
+Why onnx.helper and not torch.onnx.export of a sliced module: the graph is small and fully known (a post-LN
+BERT), and writing it directly lets us (1) use ONNX Runtime's CPU kernels we measured fastest (Gemm with the bias fused,
+one Q/K/V GEMM per layer, FusedMatMul for scaled scores, DynamicQuantizeMatMul for int8) without relying on
+the exporter's patterns being fused, (2) reference every weight by name so that all budgets' sessions share one copy of each array
+(``bind`` returns numpy *views* for head prefixes), and (3) keep torch out of the serving process.
+
+A graph is determined by the per-layer head counts ``layer_k``; the kept heads of layer l are the first
+layer_k[l] heads of the layer's permuted order (engine/weights.py). A layer with no head passes
+LN(x + b_O), which is exactly what the reference model computes with every gate at 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from headbudget.engine.types import Precision
+from headbudget.engine.weights import Arrays
+from headbudget.models.config import ModelConfig
+
+# Bump whenever the graph or the weight layout changes: it is part of the on-disk cache key.
+BUILDER_VERSION = 3
+OPSET = 17
+MS = "com.microsoft"
+_NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int8): TensorProto.INT8}
+
+
+def _sliced(store: Arrays, layer: int, k: int, dh: int, precision: Precision, cache: dict[str, np.ndarray]) -> Arrays:
+    """The arrays of one attention block at k heads; fp32 ones are views, int8 Q/K/V column slices copies."""
+    p, w = f"l{layer}.", k * dh
+    out: Arrays = {f"{p}bqkv.k{k}": store[f"{p}bqkv"][: 3 * w], f"{p}wo.k{k}": store[f"{p}wo"][:w]}
+    key = f"{p}wqkv.k{k}"
+    if precision == "int8":
+        # A (D, 3*H*dh) column prefix is not contiguous: one copy per (layer, k), shared by every session.
+        if key not in cache:
+            cache[key] = np.ascontiguousarray(store[f"{p}wqkv"][:, : 3 * w])
+        out[key] = cache[key]
+        out[f"{p}wqkv_s.k{k}"] = store[f"{p}wqkv_s"][: 3 * w]
+    else:
+        out[key] = store[f"{p}wqkv"][: 3 * w]  # (3*k*dh, D) row prefix: a view
+    return out
+
+
+def bind(
+    store: Arrays, cfg: ModelConfig, layer_k: Sequence[int], precision: Precision, cache: dict[str, np.ndarray]
+) -> Arrays:
+    """Every initializer the graph for ``layer_k`` names, as arrays backed by ``store`` (or ``cache``)."""
+    out: Arrays = {n: store[n] for n in ("word", "pos_tt", "emb_g", "emb_b", "cls_w", "cls_b")}
+    for layer, k in enumerate(layer_k):
+        p = f"l{layer}."
+        names = ["bo", "ln1_g", "ln1_b", "w1", "b1", "w2", "b2", "ln2_g", "ln2_b"]
+        if precision == "int8":
+            names += ["w1_s", "w2_s"] + (["wo_s"] if k else [])
+        out.update({p + n: store[p + n] for n in names})
+        if k:
+            out.update(_sliced(store, layer, k, cfg.head_dim, precision, cache))
+    return out
+
+
+class _Graph:
+    """Accumulates nodes; one method per building block. Hidden states are kept 2-D, (B*N, D)."""
+
+    def __init__(self, cfg: ModelConfig, precision: Precision) -> None:
+        self.cfg, self.precision = cfg, precision
+        self.nodes: list[onnx.NodeProto] = []
+        self.count = 0
+
+    def op(self, op_type: str, inputs: Sequence[str], domain: str = "", n_out: int = 1, **attrs: object) -> str:
+        self.count += 1
+        outs = [f"{op_type.lower()}_{self.count}" + (f"_{i}" if n_out > 1 else "") for i in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), outs, domain=domain or None, **attrs))
+        return outs[0] if n_out == 1 else ",".join(outs)
+
+    def const(self, name: str, value: np.ndarray) -> str:
+        dtype = _NP_TO_ONNX.get(value.dtype, TensorProto.INT64)
+        tensor = helper.make_tensor(name, dtype, value.shape, value.reshape(-1).tolist())
+        self.nodes.append(helper.make_node("Constant", [], [name], value=tensor))
+        return name
+
+    def linear(self, x: str, w: str, bias: str, scale: str, trans_b: bool = False) -> str:
+        """x @ W + b for 2-D x; int8 W is (K, N) with one scale per column, fp32 W is (N, K) when trans_b."""
+        if self.precision == "int8":
+            return self.op("DynamicQuantizeMatMul", [x, w, scale, "", bias], domain=MS)
+        return self.op("Gemm", [x, w, bias], transB=int(trans_b))
+
+    def add_norm(self, y: str, x: str, gamma: str, beta: str) -> str:
+        # Add + LayerNormalization measured faster on CPU than the contrib SkipLayerNormalization kernel.
+        return self.op("LayerNormalization", [self.op("Add", [y, x]), gamma, beta], axis=-1,
+                       epsilon=self.cfg.layer_norm_eps)
+
+    def attention(self, x: str, bn: str, bias: str, layer: int, k: int) -> str:
+        """LN(x + W_O·Attn(x) + b_O) over the first k heads; LN(x + b_O) when k = 0.  (B*N, D)"""
+        p, dh = f"l{layer}.", self.cfg.head_dim
+        if k == 0:
+            return self.add_norm(p + "bo", x, p + "ln1_g", p + "ln1_b")
+        fp32 = self.precision == "fp32"
+        qkv = self.linear(x, f"{p}wqkv.k{k}", f"{p}bqkv.k{k}", f"{p}wqkv_s.k{k}", trans_b=fp32)  # (B*N, 3*k*dh)
+        shape = self.op("Concat", [bn, self.const(f"{p}heads.k{k}", np.array([k, 3, dh], np.int64))], axis=0)
+        qkv = self.op("Reshape", [qkv, shape])  # (B, N, k, 3, dh)
+        qkv = self.op("Transpose", [qkv], perm=[3, 0, 2, 1, 4])  # (3, B, k, N, dh)
+        q, kk, v = self.op("Split", [qkv], n_out=3, axis=0).split(",")  # each (1, B, k, N, dh)
+        scores = self.op("FusedMatMul", [q, kk], domain=MS, transB=1, alpha=1.0 / math.sqrt(dh))  # (1,B,k,N,N)
+        probs = self.op("Softmax", [self.op("Add", [scores, bias])], axis=-1)
+        ctx = self.op("Transpose", [self.op("MatMul", [probs, v])], perm=[0, 1, 3, 2, 4])  # (1, B, N, k, dh)
+        ctx = self.op("Reshape", [ctx, self.const(f"{p}flat.k{k}", np.array([-1, k * dh], np.int64))])
+        o = self.linear(ctx, f"{p}wo.k{k}", p + "bo", p + "wo_s")  # (B*N, D)
+        return self.add_norm(o, x, p + "ln1_g", p + "ln1_b")
+
+    def ffn(self, x: str, layer: int) -> str:
+        """LN(x + W2·GELU(W1·x + b1) + b2), exact (erf) GELU.  (B*N, D)"""
+        p = f"l{layer}."
+        h = self.op("Gelu", [self.linear(x, p + "w1", p + "b1", p + "w1_s")], domain=MS)  # (B*N, I)
+        return self.add_norm(self.linear(h, p + "w2", p + "b2", p + "w2_s"), x, p + "ln2_g", p + "ln2_b")
+
+    def embed(self, ids: str) -> str:
+        """(B, N) ids -> LN(word + position + token type 0), flattened to (B*N, D)."""
+        n = self.op("Shape", [ids], start=1, end=2)  # (1,) = [N]
+        zero = self.const("zero", np.zeros(1, np.int64))
+        pos = self.op("Slice", ["pos_tt", zero, n, zero])  # (N, D)
+        x = self.op("Add", [self.op("Gather", ["word", ids]), pos])  # (B, N, D)
+        x = self.op("LayerNormalization", [x, "emb_g", "emb_b"], axis=-1, epsilon=self.cfg.layer_norm_eps)
+        return self.op("Reshape", [x, self.const("flat_d", np.array([-1, self.cfg.hidden_size], np.int64))])
+
+    def mask_bias(self, mask: str) -> str:
+        """0 for real tokens, -1e9 for padding, (B, 1, 1, N): after softmax padding weighs exactly 0."""
+        m = self.op("Cast", [mask], to=TensorProto.FLOAT)
+        neg = self.op("Mul", [self.op("Sub", [self.const("one_f", np.ones(1, np.float32)), m]),
+                              self.const("neg_big", np.array([-1e9], np.float32))])
+        return self.op("Unsqueeze", [neg, self.const("axes12", np.array([1, 2], np.int64))])
+
+    def pool(self, h: str, bn: str, mask: str) -> str:
+        """Mean over real tokens (or the [CLS] vector): (B*N, D) -> (B, D)."""
+        shape = self.op("Concat", [bn, self.const("minus1", np.array([-1], np.int64))], axis=0)
+        h3 = self.op("Reshape", [h, shape])  # (B, N, D)
+        if self.cfg.pooling == "cls":
+            return self.op("Gather", [h3, self.const("first", np.array(0, np.int64))], axis=1)
+        m = self.op("Cast", [mask], to=TensorProto.FLOAT)  # (B, N)
+        one = self.const("axis1", np.array([1], np.int64))
+        total = self.op("MatMul", [self.op("Unsqueeze", [m, one]), h3])  # (B, 1, D)
+        floor = self.const("count_floor", np.ones(1, np.float32))
+        count = self.op("Max", [self.op("ReduceSum", [m, one], keepdims=1), floor])  # (B, 1)
+        return self.op("Div", [self.op("Squeeze", [total, one]), count])  # (B, D)
+
+
+# Initializers point at this (empty) file beside the graph; sessions receive the data in memory instead.
+PLACEHOLDER_FILE = "weights.placeholder"
+
+
+def placeholder(name: str, array: np.ndarray) -> TensorProto:
+    """An initializer whose data the session receives in memory (SessionOptions.add_initializer).
+
+    ONNX Runtime uses an ``add_initializer`` OrtValue without copying it, but only for a name the graph
+    declares as an initializer; declaring it as external data (never read) keeps the graph file tiny.
+    ``add_external_initializers`` would copy every array into every session: 19 budgets x 90 MB measured.
+    """
+    t = TensorProto()
+    t.name, t.data_type, t.data_location = name, _NP_TO_ONNX[array.dtype], TensorProto.EXTERNAL
+    t.dims.extend(array.shape)
+    for key, value in (("location", PLACEHOLDER_FILE), ("offset", "0"), ("length", str(array.nbytes))):
+        entry = t.external_data.add()
+        entry.key, entry.value = key, value
+    return t
+
+
+def _model(g: _Graph, inputs: list[onnx.ValueInfoProto], outputs: dict[str, str], arrays: Arrays) -> onnx.ModelProto:
+    for name, value in outputs.items():
+        g.nodes.append(helper.make_node("Identity", [value], [name]))
+    graph = helper.make_graph(
+        g.nodes, "headbudget", inputs, [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
+        initializer=[placeholder(n, a) for n, a in sorted(arrays.items())],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS, 1)],
+                              producer_name="headbudget", producer_version=str(BUILDER_VERSION))
+    model.ir_version = 8
+    return model
+
+
+_IDS = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])
+_MASK = helper.make_tensor_value_info("attention_mask", TensorProto.INT32, ["batch", "seq"])
+_X = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["tokens", "hidden"])
+_BIAS = helper.make_tensor_value_info("bias", TensorProto.FLOAT, ["batch", 1, 1, "seq"])
+
+
+def build_graph(cfg: ModelConfig, layer_k: Sequence[int], precision: Precision, arrays: Arrays) -> onnx.ModelProto:
+    """The whole classifier for per-layer head counts ``layer_k``; weights are placeholders named as ``bind``."""
+    g = _Graph(cfg, precision)
+    bn = g.op("Shape", ["input_ids"])  # (2,) = [B, N]
+    bias = g.mask_bias("attention_mask")
+    x = g.embed("input_ids")
+    for layer, k in enumerate(layer_k):
+        x = g.ffn(g.attention(x, bn, bias, layer, k), layer)
+    logits = g.op("Gemm", [g.pool(x, bn, "attention_mask"), "cls_w", "cls_b"], transB=1)  # (B, C)
+    return _model(g, [_IDS, _MASK], {"logits": logits}, arrays)
+
+
+def build_segment(cfg: ModelConfig, kind: str, layer: int, k: int, precision: Precision,
+                  arrays: Arrays) -> onnx.ModelProto:
+    """One piece of the classifier, for sessions chained in Python (see onnx_backend: prepacked layout).
+
+    kind "embed": ids, mask -> x (B*N, D), bias (B, 1, 1, N); "attn": x, bias -> x at k heads of ``layer``;
+    "ffn": x -> x; "head": x, mask -> logits (B, C).
+    """
+    g = _Graph(cfg, precision)
+    if kind == "embed":
+        return _model(g, [_IDS, _MASK], {"x": g.embed("input_ids"), "bias": g.mask_bias("attention_mask")}, arrays)
+    if kind == "attn":
+        bn = g.op("Gather", [g.op("Shape", ["bias"]), g.const("b_n", np.array([0, 3], np.int64))])  # [B, N]
+        return _model(g, [_X, _BIAS], {"y": g.attention("x", bn, "bias", layer, k)}, arrays)
+    if kind == "ffn":
+        return _model(g, [_X], {"y": g.ffn("x", layer)}, arrays)
+    if kind == "head":
+        logits = g.op("Gemm", [g.pool("x", g.op("Shape", ["attention_mask"]), "attention_mask"), "cls_w", "cls_b"],
+                      transB=1)
+        return _model(g, [_X, _MASK], {"logits": logits}, arrays)
+    raise ValueError(f"unknown segment {kind!r}")
+
+
+def segment_arrays(store: Arrays, cfg: ModelConfig, kind: str, layer: int, k: int, precision: Precision,
+                   cache: dict[str, np.ndarray]) -> Arrays:
+    """The initializers ``build_segment`` names for one piece, backed by ``store`` (or ``cache``)."""
+    if kind == "embed":
+        return {n: store[n] for n in ("word", "pos_tt", "emb_g", "emb_b")}
+    if kind == "head":
+        return {n: store[n] for n in ("cls_w", "cls_b")}
+    p = f"l{layer}."
+    if kind == "ffn":
+        names = ["w1", "b1", "w2", "b2", "ln2_g", "ln2_b"] + (["w1_s", "w2_s"] if precision == "int8" else [])
+        return {p + n: store[p + n] for n in names}
+    out = {p + n: store[p + n] for n in ("bo", "ln1_g", "ln1_b")}
+    if k:
+        out.update(_sliced(store, layer, k, cfg.head_dim, precision, cache))
+        if precision == "int8":
+            out[p + "wo_s"] = store[p + "wo_s"]
+    return out

@@ -1,0 +1,47 @@
+"""Reference backend: the training-time PyTorch model with the hard head mask as its gate.
+
+It computes every head and multiplies the skipped ones by exactly 0, so it is what the ONNX backend must
+match, not a fast path. One intra-op thread (torch's setting is process-wide, so it is set at load).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from headbudget.engine.base import EngineBase
+from headbudget.engine.errors import ModelLoadError
+from headbudget.engine.types import EngineOptions, ModelInfo
+from headbudget.models.checkpoint import CheckpointError, load_checkpoint
+
+
+class TorchEngine(EngineBase):
+    """Engine over ``BudgetedClassifier`` in eval mode, no grad."""
+
+    def __init__(self, model_dir: Path, options: EngineOptions, info: ModelInfo) -> None:
+        if options.precision != "fp32":
+            raise ModelLoadError("the torch backend is the fp32 reference; use backend 'onnxruntime' for int8")
+        try:
+            self.model, _ = load_checkpoint(Path(model_dir))
+        except CheckpointError as e:
+            raise ModelLoadError(str(e)) from e
+        super().__init__(model_dir, self.model.cfg, options)
+        torch.set_num_threads(options.threads)
+        self.info = info
+        self._masks: dict[float, np.ndarray] = {}
+
+    def _mask(self, budget: float) -> np.ndarray:
+        if budget not in self._masks:
+            self._masks[budget] = self.model.gates.hard_mask(budget)  # (L, H) bool
+        return self._masks[budget]
+
+    def layer_counts(self, budget: float) -> tuple[int, ...]:
+        return tuple(int(x) for x in self._mask(budget).sum(axis=1))
+
+    def forward_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray, budget: float) -> np.ndarray:
+        gate = torch.as_tensor(self._mask(budget), dtype=torch.float32)  # (L, H)
+        with torch.inference_mode():
+            logits = self.model(torch.from_numpy(input_ids), torch.from_numpy(attention_mask.astype(np.int64)), gate)
+        return logits.numpy()  # (B, C)

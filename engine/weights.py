@@ -1,0 +1,197 @@
+"""Checkpoint weights as numpy arrays, laid out so that every budget is a prefix slice of every layer.
+
+Torch-free on purpose: an ONNX Runtime serving process never imports torch (about 1 s and tens of MB of
+resident memory it would not use). The checkpoint is read with ``safetensors.numpy``; the format check
+mirrors ``models/checkpoint.py`` (tests assert that the two agree).
+
+Layout, per layer l, with heads permuted by ``layer_head_orders`` (rank order inside the layer):
+- Q/K/V weights interleaved per head, (H*3*d_h, D) in nn.Linear's (out, in) layout: the first 3*k*d_h rows
+  are the k kept heads, a contiguous view; the graph multiplies with ``transB=1``.
+- W_O transposed, (H*d_h, D): rows are head inputs, so the first k*d_h rows are again a contiguous view.
+- FFN weights transposed to (in, out), the layout MatMul and the quantized MatMul want.
+int8 stores (K, N) matrices with one symmetric scale per output column, so that slicing heads out of
+Q/K/V (columns) or W_O (rows) never changes a kept weight's quantized value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from headbudget.engine.errors import ModelLoadError
+from headbudget.engine.types import Precision
+from headbudget.models.budget import GateParams, head_mask, head_order, layer_head_orders
+from headbudget.models.config import ModelConfig
+
+# Mirrors models/checkpoint.py without importing torch (tests/engine/test_weights.py checks they agree).
+FORMAT = "headbudget-checkpoint"
+FORMAT_VERSION = 1
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+
+Arrays = dict[str, np.ndarray]
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    """Parse and validate a checkpoint's config.json (torch-free twin of models.checkpoint.read_config)."""
+    path = Path(folder) / CONFIG
+    if not Path(folder).is_dir():
+        raise ModelLoadError(f"{folder}: checkpoint folder does not exist")
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ModelLoadError(f"{path}: missing (not a headbudget checkpoint folder)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(config, dict) or config.get("format") != FORMAT:
+        raise ModelLoadError(f"{path}: not a headbudget checkpoint (no \"format\": \"{FORMAT}\")")
+    if config.get("format_version") != FORMAT_VERSION:
+        raise ModelLoadError(f"{path}: format_version {config.get('format_version')!r}, reads {FORMAT_VERSION}")
+    return config
+
+
+def model_config(config: dict[str, Any], folder: Path) -> ModelConfig:
+    try:
+        return ModelConfig.from_dict(config["model"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ModelLoadError(f"{Path(folder) / CONFIG}: bad model config ({e})") from e
+
+
+def weights_digest(folder: Path) -> str:
+    """SHA-256 of model.safetensors, the checkpoint identity (same value as models.checkpoint.weights_digest)."""
+    h = hashlib.sha256()
+    try:
+        with open(Path(folder) / WEIGHTS, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError as e:
+        raise ModelLoadError(f"{Path(folder) / WEIGHTS}: unreadable ({e})") from e
+    return h.hexdigest()
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor of a BudgetedClassifier state dict and its shape."""
+    d, i, c = cfg.hidden_size, cfg.intermediate_size, cfg.n_labels
+    shapes: dict[str, tuple[int, ...]] = {
+        "encoder.embeddings.word.weight": (cfg.vocab_size, d),
+        "encoder.embeddings.position.weight": (cfg.max_position, d),
+        "encoder.embeddings.token_type.weight": (cfg.type_vocab_size, d),
+        "encoder.embeddings.norm.weight": (d,), "encoder.embeddings.norm.bias": (d,),
+        "classifier.weight": (c, d), "classifier.bias": (c,),
+        "gates.logit": (cfg.n_layers, cfg.n_heads), "gates.raw_beta": (cfg.n_layers, cfg.n_heads),
+    }
+    per_layer = {"attention.query": (d, d), "attention.key": (d, d), "attention.value": (d, d),
+                 "attention.output": (d, d), "intermediate": (i, d), "ffn_out": (d, i)}
+    for layer in range(cfg.n_layers):
+        p = f"encoder.layers.{layer}."
+        for mod, shape in per_layer.items():
+            shapes[p + mod + ".weight"] = shape
+            shapes[p + mod + ".bias"] = (shape[0],)
+        for norm in ("attn_norm", "ffn_norm"):
+            shapes[p + norm + ".weight"] = (d,)
+            shapes[p + norm + ".bias"] = (d,)
+    return shapes
+
+
+def load_state(folder: Path, cfg: ModelConfig) -> Arrays:
+    """model.safetensors as float32 numpy arrays, checked against the architecture in config.json."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    path = Path(folder) / WEIGHTS
+    try:
+        state = load_file(str(path))
+    except (OSError, SafetensorError, RuntimeError) as e:
+        raise ModelLoadError(f"{path}: missing, unreadable or truncated ({e})") from e
+    expected = expected_shapes(cfg)
+    if set(state) != set(expected):
+        missing, extra = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+        raise ModelLoadError(f"{path}: does not match config.json (missing {missing[:3]}, unexpected {extra[:3]})")
+    for name, shape in expected.items():
+        if state[name].shape != shape:
+            raise ModelLoadError(f"{path}: tensor {name} has shape {state[name].shape}, config implies {shape}")
+    return {k: v.astype(np.float32, copy=False) for k, v in state.items()}
+
+
+def gate_params(state: Arrays) -> GateParams:
+    """a and beta = softplus(raw) in float64, computed as torch's softplus does (threshold 20)."""
+    raw = state["gates.raw_beta"].astype(np.float64)
+    beta = np.where(raw > 20.0, raw, np.log1p(np.exp(np.minimum(raw, 20.0))))
+    return GateParams(a=state["gates.logit"].astype(np.float64), beta=beta)
+
+
+class HeadPlan:
+    """Which heads a budget keeps, as per-layer counts over a per-layer head permutation."""
+
+    def __init__(self, cfg: ModelConfig, order: np.ndarray) -> None:
+        self.cfg = cfg
+        self.order = order  # flat head ranking, (L*H,)
+        self.perms = layer_head_orders(order, cfg.n_layers, cfg.n_heads)  # (L, H)
+
+    def mask(self, budget: float) -> np.ndarray:
+        c = self.cfg
+        return head_mask(self.order, budget, c.n_layers, c.n_heads, c.gate.structural)  # (L, H) bool
+
+    def layer_counts(self, budget: float) -> tuple[int, ...]:
+        """Heads kept per layer; they are the first counts[l] entries of perms[l] (checked)."""
+        mask = self.mask(budget)
+        counts = tuple(int(x) for x in mask.sum(axis=1))
+        for layer, k in enumerate(counts):
+            if not mask[layer, self.perms[layer, :k]].all():  # nestedness is what makes slices prefixes
+                raise AssertionError(f"layer {layer}: kept heads are not a prefix of the head order")
+        return counts
+
+
+def quantize_columns(w_kn: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 per output column of a (K, N) matrix: (int8 (K, N), float32 scale (N,))."""
+    scale = np.abs(w_kn).max(axis=0) / 127.0
+    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    q = np.clip(np.rint(w_kn / scale), -127, 127).astype(np.int8)
+    return np.ascontiguousarray(q), scale
+
+
+def pack(state: Arrays, cfg: ModelConfig, perms: np.ndarray, precision: Precision) -> Arrays:
+    """The engine's weight store: every array all budgets share, in the layout described above."""
+    dh = cfg.head_dim
+    e = "encoder.embeddings."
+    out: Arrays = {
+        "word": state[e + "word.weight"],
+        # Position and the (always 0) token type folded into one table: one Add fewer per call.
+        "pos_tt": state[e + "position.weight"] + state[e + "token_type.weight"][0],
+        "emb_g": state[e + "norm.weight"], "emb_b": state[e + "norm.bias"],
+        "cls_w": state["classifier.weight"], "cls_b": state["classifier.bias"],
+    }
+    for layer in range(cfg.n_layers):
+        p = f"encoder.layers.{layer}."
+        # Feature indices of the heads in rank order: (H*dh,).
+        cols = (perms[layer][:, None] * dh + np.arange(dh)[None, :]).reshape(-1)
+        # Q/K/V rows interleaved per head, [q_h; k_h; v_h] for h in rank order: (H*3*dh, D) out x in, so that
+        # the first 3*k*dh rows are the k kept heads and one GEMM computes all three projections.
+        qkv = np.stack([state[p + f"attention.{m}.weight"][cols].reshape(cfg.n_heads, dh, -1)
+                        for m in ("query", "key", "value")], axis=1).reshape(3 * cfg.n_heads * dh, -1)
+        out[f"l{layer}.bqkv"] = np.stack([state[p + f"attention.{m}.bias"][cols].reshape(cfg.n_heads, dh)
+                                          for m in ("query", "key", "value")], axis=1).reshape(-1)
+        if precision == "int8":
+            out[f"l{layer}.wqkv"], out[f"l{layer}.wqkv_s"] = quantize_columns(qkv.T)  # (D, H*3*dh)
+        else:
+            out[f"l{layer}.wqkv"] = np.ascontiguousarray(qkv)
+        wo_t = np.ascontiguousarray(state[p + "attention.output.weight"][:, cols].T)  # (H*dh, D) in x out
+        w1_t = np.ascontiguousarray(state[p + "intermediate.weight"].T)  # (D, I)
+        w2_t = np.ascontiguousarray(state[p + "ffn_out.weight"].T)  # (I, D)
+        for name, w in (("wo", wo_t), ("w1", w1_t), ("w2", w2_t)):
+            if precision == "int8":
+                out[f"l{layer}.{name}"], out[f"l{layer}.{name}_s"] = quantize_columns(w)
+            else:
+                out[f"l{layer}.{name}"] = w
+        out[f"l{layer}.bo"] = state[p + "attention.output.bias"]
+        out[f"l{layer}.b1"] = state[p + "intermediate.bias"]
+        out[f"l{layer}.b2"] = state[p + "ffn_out.bias"]
+        for name, norm in (("ln1", "attn_norm"), ("ln2", "ffn_norm")):
+            out[f"l{layer}.{name}_g"] = state[p + norm + ".weight"]
+            out[f"l{layer}.{name}_b"] = state[p + norm + ".bias"]
+    return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
