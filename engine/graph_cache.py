@@ -68,10 +68,14 @@ class GraphCache:
             manifest = json.loads((self.dir / MANIFEST).read_text())
             if manifest.get("key") != self.key:
                 return None
+            from safetensors import SafetensorError
             from safetensors.numpy import load_file
 
-            return dict(load_file(str(self.dir / STORE)))
-        except (OSError, ValueError, json.JSONDecodeError):  # missing or half-written: rebuild
+            try:
+                return dict(load_file(str(self.dir / STORE)))
+            except SafetensorError:  # damaged: rebuild
+                return None
+        except (OSError, ValueError):  # missing, half-written or not JSON: rebuild
             return None
 
     def save_store(self, store: Arrays, meta: dict[str, Any]) -> None:
