@@ -10,10 +10,11 @@ Prepacking (``EngineOptions.prepack``) trades memory for speed, measured on Mini
 - prepack off, one whole-model graph per budget ("whole" layout): ~0.9x the dense session's memory, but
   MLAS packs B on every call: 10-25% slower in fp32 at 48-128 tokens, up to 50% slower in int8 at 48.
 - prepack on, per-layer pieces chained in Python ("chain" layout, the default): one prepacked FFN per
-  layer shared by all budgets, one prepacked attention block per distinct (layer, heads) pair, embeddings
-  and head shared. ~1.45x the dense session's memory, as fast as prepacked whole graphs up to ~14 calls
-  of fixed overhead (a few us each through the C-level ``run_with_ort_values``). The default, because
-  latency is what a budget sells and the memory stays under the 1.5x limit.
+  layer shared by all budgets (2/3 of the multiply-adds at b = 1), attention pieces per distinct (layer,
+  heads) pair left unpacked (``prepack_attention`` packs them too: one packed copy per pair, ~1.85x the
+  dense session's memory on MiniLM), embeddings and head shared. Costs ~14 session calls per forward
+  (a few us each through the C-level ``run_with_ort_values``). The default, because latency is what a
+  budget sells and the memory stays under the 1.5x limit.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ class OnnxEngine(EngineBase):
         _shared_arena()
 
     # -- sessions ---------------------------------------------------------------------------------------
-    def _session(self, key: Any, name: str, arrays: Arrays, build: Callable[[], onnx.ModelProto]) -> Any:
+    def _session(self, key: Any, name: str, arrays: Arrays, build: Callable[[], onnx.ModelProto],
+                 prepack: bool) -> Any:
         """The C-level session for ``key`` (created on first use); the Python wrapper's checks cost ~20 us/run."""
         sess = self._sessions.get(key)
         if sess is None:
@@ -86,7 +88,7 @@ class OnnxEngine(EngineBase):
             so.inter_op_num_threads = 1
             so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
             so.add_session_config_entry("session.use_env_allocators", "1")
-            if not self.options.prepack:
+            if not prepack:
                 so.add_session_config_entry("session.disable_prepacking", "1")
             for n, a in arrays.items():
                 if n not in self._values:
@@ -104,13 +106,15 @@ class OnnxEngine(EngineBase):
         c, p = self.cfg, self.precision
         arrays = G.bind(self.store, c, counts, p, self._slices)
         name = "whole-" + "-".join(map(str, counts))
-        return self._session(counts, name, arrays, lambda: G.build_graph(c, counts, p, arrays))
+        return self._session(counts, name, arrays, lambda: G.build_graph(c, counts, p, arrays), prepack=False)
 
     def _piece(self, kind: str, layer: int = 0, k: int = 0) -> Any:
         c, p = self.cfg, self.precision
         arrays = G.segment_arrays(self.store, c, kind, layer, k, p, self._slices)
         name = f"{kind}-l{layer}-k{k}"
-        return self._session((kind, layer, k), name, arrays, lambda: G.build_segment(c, kind, layer, k, p, arrays))
+        prepack = kind != "attn" or self.options.prepack_attention
+        return self._session((kind, layer, k), name, arrays, lambda: G.build_segment(c, kind, layer, k, p, arrays),
+                             prepack)
 
     # -- EngineBase -------------------------------------------------------------------------------------
     def layer_counts(self, budget: float) -> tuple[int, ...]:

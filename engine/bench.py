@@ -1,0 +1,232 @@
+"""The latency benchmark: the engine at several budgets against the dense runtimes, in one process.
+
+Protocol (METHODS.md): one thread, eval mode, pre-tokenized inputs, warm-up, then the median and p90 of
+``repeats`` timed calls. Methods are timed round-robin (every round runs every method once on the same
+batch), so load from other processes on a shared machine hits all of them alike.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from headbudget.engine.base import pad
+from headbudget.engine.cost import flop_bound_speedup
+from headbudget.engine.types import EngineOptions, Precision
+
+log = logging.getLogger(__name__)
+BENCH_BUDGETS = (1.0, 0.75, 0.5, 0.25, 0.1)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    model_dir: Path
+    seq_len: int = 128
+    batch_size: int = 1
+    data: Path | None = None  # folder with test.csv / train.csv: real lengths instead of seq_len
+    precision: Precision = "fp32"
+    repeats: int = 30
+    warmup: int = 5
+    threads: int = 1
+    memory: bool = True  # measure resident memory in subprocesses (adds a few seconds)
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def cpu_name() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    for line in out.splitlines():
+        if line.startswith("Model name:"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def data_texts(folder: Path, n: int, seed: int = 0) -> list[str]:
+    """``n`` texts sampled from test.csv (else train.csv) of ``folder``; column ``text`` or the first one."""
+    for name in ("test.csv", "train.csv"):
+        path = Path(folder) / name
+        if path.is_file():
+            with open(path, newline="") as f:
+                rows = list(csv.DictReader(f))
+            if not rows:
+                break
+            col = "text" if "text" in rows[0] else next(iter(rows[0]))
+            return [r[col] for r in random.Random(seed).sample(rows, min(n, len(rows)))]
+    raise FileNotFoundError(f"{folder}: no test.csv or train.csv with rows")
+
+
+def make_batches(engine: Any, cfg: BenchConfig) -> list[tuple[np.ndarray, np.ndarray]]:
+    """One padded (ids, mask) batch per timed round: real texts with --data, else fixed-length tokens."""
+    rounds = cfg.repeats + cfg.warmup
+    if cfg.data is not None:
+        texts = data_texts(cfg.data, rounds * cfg.batch_size)
+        texts = (texts * (rounds * cfg.batch_size // len(texts) + 1))[: rounds * cfg.batch_size]
+        enc = engine.encoder.encode(texts)
+        return [pad(enc.ids[i : i + cfg.batch_size], engine.encoder.pad_id)
+                for i in range(0, len(texts), cfg.batch_size)]
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(rounds):
+        ids = rng.integers(1000, 20000, (cfg.batch_size, cfg.seq_len), dtype=np.int64)
+        ids[:, 0], ids[:, -1] = 101, 102
+        out.append((ids, np.ones_like(ids, dtype=np.int32)))
+    return out
+
+
+def time_round_robin(methods: dict[str, Callable[[np.ndarray, np.ndarray], object]],
+                     batches: Sequence[tuple[np.ndarray, np.ndarray]], warmup: int) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {name: [] for name in methods}
+    for i, (ids, mask) in enumerate(batches):
+        for name, fn in methods.items():
+            t0 = time.perf_counter()
+            fn(ids, mask)
+            if i >= warmup:
+                times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def _ms(values: Sequence[float], q: float) -> float:
+    return round(float(np.quantile(np.asarray(values), q)) * 1000, 3)
+
+
+def memory_figure(model_dir: Path, dense_onnx: Path, precision: str) -> dict[str, float]:
+    """Resident memory of an engine serving all 19 budgets vs one dense ORT session, each in a fresh process.
+
+    Both processes import the same modules first and report the growth after that, so the figure is
+    about the model, not the interpreter (importing headbudget.models currently pulls in torch).
+    """
+    out: dict[str, float] = {}
+    for kind in ("engine", "dense"):
+        arg = json.dumps({"kind": kind, "model_dir": str(model_dir), "dense": str(dense_onnx), "precision": precision})
+        proc = subprocess.run([sys.executable, "-c", "from headbudget.engine.bench import _memory_child as m; m()", arg],
+                              capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"memory probe failed: {proc.stderr[-2000:]}")
+        out.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+    out["engine_over_dense"] = round(out["engine_mb"] / out["dense_mb"], 3)
+    return out
+
+
+def _memory_child() -> None:
+    import onnxruntime  # noqa: F401 - imported before the baseline on both sides
+
+    from headbudget.engine import factory, onnx_backend  # noqa: F401
+    from headbudget.engine.peers import ort_session
+
+    arg = json.loads(sys.argv[-1])
+    base = rss_mb()
+    ids, mask = np.full((1, 128), 1000, dtype=np.int64), np.ones((1, 128), dtype=np.int32)
+    if arg["kind"] == "engine":
+        engine = factory.load_engine(Path(arg["model_dir"]), EngineOptions(precision=arg["precision"]))
+        engine.warmup()
+        for b in (1.0, 0.5, 0.1):
+            engine.predict_ids(ids, mask, b)  # type: ignore[attr-defined]
+        print(json.dumps({"engine_mb": round(rss_mb() - base, 1), "engine_sessions": engine.n_sessions}))  # type: ignore[attr-defined]
+    else:
+        dense = Path(arg["dense"])
+        session = ort_session(dense if arg["precision"] == "fp32" else dense.with_name("dense-int8.onnx"))
+        session.run(None, {"input_ids": ids, "attention_mask": mask.astype(np.int64)})
+        print(json.dumps({"dense_mb": round(rss_mb() - base, 1)}))
+
+
+def run_bench(cfg: BenchConfig) -> dict[str, Any]:
+    """Measure everything bench.json holds; see the CLI (headbudget bench) for the table."""
+    import torch
+
+    from headbudget.engine import peers
+    from headbudget.engine.factory import load_engine
+    from headbudget.models.checkpoint import load_checkpoint
+
+    torch.set_num_threads(cfg.threads)
+    model, _ = load_checkpoint(cfg.model_dir)
+    engine: Any = load_engine(cfg.model_dir, EngineOptions(precision=cfg.precision, threads=cfg.threads))
+    engine.warmup()
+    batches = make_batches(engine, cfg)
+    work = Path(tempfile.mkdtemp(prefix="headbudget-bench-"))
+    dense_fp32, dense_int8 = peers.export_dense(model, work)
+    methods: dict[str, Callable[[np.ndarray, np.ndarray], object]] = {
+        f"engine@{b}": (lambda ids, mask, b=b: engine.predict_ids(ids, mask, b)) for b in BENCH_BUDGETS
+    }
+    methods.update({
+        "hf_eager": peers.torch_runner(peers.hf_model(model, "eager")),
+        "hf_sdpa": peers.torch_runner(peers.hf_model(model, "sdpa")),
+        "ort_fp32": peers.ort_runner(peers.ort_session(dense_fp32, cfg.threads)),
+        "ort_int8": peers.ort_runner(peers.ort_session(dense_int8, cfg.threads)),
+    })
+    times = time_round_robin(methods, batches, cfg.warmup)
+    lengths = [int(m.sum(1).mean()) for _, m in batches[cfg.warmup:]]
+    n_cost = int(np.median(lengths))
+    ort_dense = _ms(times["ort_fp32" if cfg.precision == "fp32" else "ort_int8"], 0.5)
+    b1 = _ms(times["engine@1.0"], 0.5)
+    rows = []
+    for b in BENCH_BUDGETS:
+        med = _ms(times[f"engine@{b}"], 0.5)
+        rows.append({"budget": b, "heads_active": engine.mask_key(b), "latency_ms": med,
+                     "p90_ms": _ms(times[f"engine@{b}"], 0.9), "speedup_vs_b1": round(b1 / med, 3),
+                     "speedup_vs_ort_dense": round(ort_dense / med, 3),
+                     "flop_bound_speedup": round(flop_bound_speedup(engine.shape, engine.layer_counts(b), n_cost), 3)})
+    result: dict[str, Any] = {
+        "model": engine.info.name, "seq_len": cfg.seq_len if cfg.data is None else "data",
+        "median_tokens": n_cost, "batch_size": cfg.batch_size, "threads": cfg.threads,
+        "precision": cfg.precision, "repeats": cfg.repeats, "cpu": cpu_name(), "rows": rows,
+        "peers": {f"{k}_ms": _ms(times[k], 0.5) for k in ("hf_eager", "hf_sdpa", "ort_fp32", "ort_int8")},
+        "max_abs_logit_diff": max_logit_diff(engine, model, batches[: 3]),
+        "overhead": overhead(engine, methods["ort_fp32"], cfg),
+    }
+    if cfg.memory:
+        result["memory"] = memory_figure(cfg.model_dir, dense_fp32, cfg.precision)
+    result["rss_mb"] = round(rss_mb(), 1)
+    return result
+
+
+def max_logit_diff(engine: Any, model: Any, batches: Sequence[tuple[np.ndarray, np.ndarray]]) -> float:
+    """Largest |engine - masked reference| logit over the benchmark budgets and a few batches."""
+    import torch
+
+    worst = 0.0
+    for b in BENCH_BUDGETS:
+        gate = model.hard_gates(b)
+        for ids, mask in batches:
+            with torch.no_grad():
+                ref = model(torch.from_numpy(ids), torch.from_numpy(mask.astype(np.int64)), gate).numpy()
+            worst = max(worst, float(np.abs(engine.predict_ids(ids, mask, b) - ref).max()))
+    return worst
+
+
+def overhead(engine: Any, ort_dense: Callable[[np.ndarray, np.ndarray], object], cfg: BenchConfig) -> dict[str, float]:
+    """Fixed per-call costs: both runtimes on a 2-token input (almost no compute), and what predict()
+    adds over predict_ids() (tokenization, padding, building answers) for one AG-News-length text."""
+    ids, mask = np.array([[101, 102]], dtype=np.int64), np.ones((1, 2), dtype=np.int32)
+    text = ["Stocks rallied on Wall Street on Tuesday as oil prices fell for a third day, lifting airline "
+            "shares and easing worries about inflation ahead of the Federal Reserve meeting."]
+    enc = engine.encoder.encode(text)
+    tids, tmask = pad(enc.ids, engine.encoder.pad_id)
+    methods = {"engine_min": lambda i, m: engine.predict_ids(i, m, 1.0), "ort_min": ort_dense}
+    t = time_round_robin(methods, [(ids, mask)] * (cfg.repeats + 5), 5)
+    t2 = time_round_robin({"predict": lambda i, m: engine.predict(text, 1.0),
+                           "predict_ids": lambda i, m: engine.predict_ids(tids, tmask, 1.0)},
+                          [(ids, mask)] * (cfg.repeats + 5), 5)
+    return {"engine_2_tokens_ms": _ms(t["engine_min"], 0.5), "ort_dense_2_tokens_ms": _ms(t["ort_min"], 0.5),
+            "predict_minus_predict_ids_ms": round(_ms(t2["predict"], 0.5) - _ms(t2["predict_ids"], 0.5), 3),
+            "text_tokens": len(enc.ids[0])}

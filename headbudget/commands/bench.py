@@ -1,0 +1,78 @@
+"""``headbudget bench``: engine latency per budget against the dense runtimes, written to bench.json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from headbudget.commands.common import CliError, existing_dir, positive_int
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("bench", help="benchmark the head-skipping engine against dense runtimes")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", type=existing_dir, help="checkpoint folder")
+    src.add_argument("--base", choices=["minilm"], help="pretrained MiniLM with random gates (timing only)")
+    p.add_argument("--seq-len", type=positive_int, default=128)
+    p.add_argument("--batch-size", type=positive_int, default=1)
+    p.add_argument("--data", type=existing_dir, help="folder with test.csv/train.csv: sample real text lengths")
+    p.add_argument("--precision", choices=["fp32", "int8"], default="fp32")
+    p.add_argument("--repeats", type=positive_int, default=30)
+    p.add_argument("--no-memory", action="store_true", help="skip the resident-memory comparison")
+    p.add_argument("--out", type=Path, required=True, help="where to write bench.json")
+    p.set_defaults(func=run)
+
+
+def _minilm_checkpoint(folder: Path) -> Path:
+    """MiniLM encoder, fresh classifier, gates spread at random (seeded) so budgets keep uneven layers."""
+    import torch
+
+    from headbudget.models.checkpoint import save_checkpoint
+    from headbudget.models.config import GateConfig
+    from headbudget.models.pretrained import from_pretrained, minilm_path
+    from headbudget.models.tokenizer import copy_tokenizer
+
+    model = from_pretrained(minilm_path(), ("World", "Sports", "Business", "Sci/Tech"), GateConfig())
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        model.gates.logit.copy_(torch.randn(model.gates.logit.shape, generator=g) * 2.0)
+        model.gates.raw_beta.copy_(torch.randn(model.gates.raw_beta.shape, generator=g))
+    save_checkpoint(model.eval(), folder, {"name": "minilm-random-gates"})
+    copy_tokenizer(minilm_path(), folder)
+    return folder
+
+
+def _table(r: dict[str, Any]) -> str:
+    lines = [f"cpu: {r['cpu']}  precision: {r['precision']}  seq_len: {r['seq_len']} (median tokens "
+             f"{r['median_tokens']})  batch: {r['batch_size']}  threads: {r['threads']}",
+             f"{'budget':>7} {'heads':>6} {'ms':>8} {'p90':>8} {'vs b=1':>7} {'vs ORT':>7} {'FLOP bound':>10}"]
+    for row in r["rows"]:
+        lines.append(f"{row['budget']:>7.2f} {row['heads_active']:>6} {row['latency_ms']:>8.2f} {row['p90_ms']:>8.2f} "
+                     f"{row['speedup_vs_b1']:>7.2f} {row['speedup_vs_ort_dense']:>7.2f} {row['flop_bound_speedup']:>10.2f}")
+    lines.append("peers: " + "  ".join(f"{k} {v:.2f}" for k, v in r["peers"].items()))
+    lines.append(f"max |engine - reference| logit: {r['max_abs_logit_diff']:.2e}   rss: {r['rss_mb']} MB")
+    lines.append("overhead: " + json.dumps(r["overhead"]))
+    if "memory" in r:
+        lines.append("memory (MB over imports): " + json.dumps(r["memory"]))
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from headbudget.engine.bench import BenchConfig, run_bench
+
+    if args.out.is_dir():
+        raise CliError(f"--out {args.out} is a folder; give a file name such as bench.json")
+    with tempfile.TemporaryDirectory(prefix="headbudget-base-") as tmp:
+        model_dir = args.model or _minilm_checkpoint(Path(tmp) / "minilm")
+        cfg = BenchConfig(model_dir=model_dir, seq_len=args.seq_len, batch_size=args.batch_size, data=args.data,
+                          precision=args.precision, repeats=args.repeats, memory=not args.no_memory)
+        result = run_bench(cfg)
+    result["command"] = "headbudget bench " + " ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("func", "command") and v not in (None, False))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(_table(result))
+    return 0

@@ -1,0 +1,26 @@
+"""The bench command end to end on the tiny checkpoint (few repeats: behaviour, not timings)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from headbudget.cli import main
+
+
+def test_bench_writes_the_documented_fields(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--model", str(tiny_checkpoint), "--seq-len", "16", "--repeats", "2", "--no-memory",
+                 "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    for key in ("seq_len", "batch_size", "threads", "precision", "cpu", "rows", "peers", "max_abs_logit_diff",
+                "rss_mb", "overhead"):
+        assert key in r
+    assert [row["budget"] for row in r["rows"]] == [1.0, 0.75, 0.5, 0.25, 0.1]
+    assert set(r["peers"]) == {"hf_eager_ms", "hf_sdpa_ms", "ort_fp32_ms", "ort_int8_ms"}
+    assert r["max_abs_logit_diff"] < 1e-4
+    assert r["rows"][0]["flop_bound_speedup"] == 1.0
+
+
+def test_bench_rejects_a_folder_as_out(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    assert main(["bench", "--model", str(tiny_checkpoint), "--out", str(tmp_path)]) == 2
