@@ -144,6 +144,12 @@ class LiveService:
     log: Path
 
 
+def serve_command(model: Path, config: Path, port: int, workers: int) -> list[str]:
+    """`headbudget serve` as an operator runs it."""
+    return [sys.executable, "-m", "headbudget.cli", "serve", "--model", str(model), "--config", str(config),
+            "--host", HOST, "--port", str(port), "--workers", str(workers)]
+
+
 def serve_env() -> dict[str, str]:
     """The service's environment: offline, one thread per worker, no inherited multiprocess folder."""
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
@@ -172,14 +178,32 @@ def _redis_ping(port: int) -> bool:
         return s.recv(16).startswith(b"+PONG")
 
 
+_SHARED: dict[str, LiveService] = {}  # one server per test session, whichever conftest asked first
+
+
 @pytest.fixture(scope="session")
 def live_service(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveService]:
     """The real service on the tiny checkpoint: 2 workers sharing state in a real redis-server when one is
-    installed (as in docker-compose.yml), else 1 worker with in-memory state."""
+    installed (as in docker-compose.yml), else 1 worker with in-memory state.
+
+    tests/ops and tests/loadtest each register this fixture from their conftest.py; the first to run starts
+    the server and stops it at the end of the session, the other reuses it."""
     reason = serve_missing_reason()
     if reason:
         pytest.skip(reason)
-    tmp = tmp_path_factory.mktemp("live-service")
+    if "service" in _SHARED:
+        yield _SHARED["service"]
+        return
+    with _start_service(tiny_checkpoint, tmp_path_factory.mktemp("live-service")) as service:
+        _SHARED["service"] = service
+        try:
+            yield service
+        finally:
+            del _SHARED["service"]
+
+
+@contextlib.contextmanager
+def _start_service(tiny_checkpoint: Path, tmp: Path) -> Iterator[LiveService]:
     model = tmp / "model"
     shutil.copytree(tiny_checkpoint, model)
     write_sweep(model)
@@ -190,8 +214,7 @@ def live_service(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
         config.write_text(service_toml(redis_url))
         port = free_port()
         log = tmp / "serve.log"
-        cmd = [sys.executable, "-m", "headbudget.cli", "serve", "--model", str(model), "--config", str(config),
-               "--host", HOST, "--port", str(port), "--workers", str(workers)]
+        cmd = serve_command(model, config, port, workers)
         proc = stack.enter_context(running(cmd, log, env=serve_env(), stop_timeout_s=40))
         url = f"http://{HOST}:{port}"
         wait_until(lambda: http("GET", f"{url}/readyz", timeout=2)[0] == 200, 240, "headbudget serve /readyz",
