@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from headbudget.engine.base import pad
 from headbudget.engine.cost import flop_bound_speedup
 from headbudget.engine.types import EngineOptions, Precision
@@ -130,7 +129,6 @@ def memory_figure(model_dir: Path, dense_onnx: Path, precision: str) -> dict[str
 
 def _memory_child() -> None:
     import onnxruntime  # noqa: F401 - imported before the baseline on both sides
-
     from headbudget.engine import factory, onnx_backend  # noqa: F401
     from headbudget.engine.peers import ort_session
 
@@ -153,7 +151,6 @@ def _memory_child() -> None:
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """Measure everything bench.json holds; see the CLI (headbudget bench) for the table."""
     import torch
-
     from headbudget.engine import peers
     from headbudget.engine.factory import load_engine
     from headbudget.models.checkpoint import load_checkpoint

@@ -27,13 +27,20 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
-
 from headbudget.engine import onnx_graph as G
 from headbudget.engine.base import EngineBase
 from headbudget.engine.errors import ModelLoadError
 from headbudget.engine.graph_cache import GraphCache, cache_key
 from headbudget.engine.types import EngineOptions, ModelInfo
-from headbudget.engine.weights import Arrays, HeadPlan, gate_params, load_state, model_config, pack, read_config
+from headbudget.engine.weights import (
+    Arrays,
+    HeadPlan,
+    gate_params,
+    load_state,
+    model_config,
+    pack,
+    read_config,
+)
 from headbudget.models.budget import BUDGET_GRID, head_order
 
 log = logging.getLogger(__name__)

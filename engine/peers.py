@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import torch
-
 from headbudget.models.classifier import BudgetedClassifier
 from headbudget.models.pretrained import _hf_key
 

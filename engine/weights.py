@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from headbudget.engine.errors import ModelLoadError
 from headbudget.engine.types import Precision
-from headbudget.models.budget import GateParams, head_mask, head_order, layer_head_orders
+from headbudget.models.budget import GateParams, head_mask, layer_head_orders
 from headbudget.models.config import ModelConfig
 
 # Mirrors models/checkpoint.py without importing torch (tests/engine/test_weights.py checks they agree).
