@@ -15,7 +15,7 @@ from headbudget.engine.errors import BudgetError, InputError, ModelLoadError
 from headbudget.engine.factory import load_engine
 from headbudget.engine.types import EngineOptions
 from headbudget.models import checkpoint as ckpt
-from headbudget.models.budget import BUDGET_GRID
+from headbudget.models.budget import BUDGET_GRID, head_order
 from headbudget.models.checkpoint import load_checkpoint, save_checkpoint
 
 
@@ -128,5 +128,5 @@ def test_torch_free_reader_agrees_with_models_checkpoint(tiny_checkpoint: Path) 
     model, _ = load_checkpoint(tiny_checkpoint)
     cfg = model.cfg
     assert weights.expected_shapes(cfg) == {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    order = weights.head_order(weights.gate_params(weights.load_state(tiny_checkpoint, cfg)))
+    order = head_order(weights.gate_params(weights.load_state(tiny_checkpoint, cfg)))
     np.testing.assert_array_equal(order, model.gates.order())
