@@ -87,7 +87,7 @@ class BudgetedClassifier(nn.Module):
         order = self.gates.order()
         hard = np.stack([head_mask(order, float(b), c.n_layers, c.n_heads, c.gate.structural) for b in budget])
         hard_t = torch.as_tensor(hard, dtype=g.dtype, device=g.device)
-        return hard_t + g - g.detach()
+        return hard_t + (g - g.detach())  # exactly the hard mask forward (g - g is exactly 0)
 
     def hard_cost(self, budget: float) -> float:
         """Fraction of heads the hard mask keeps: k / (L * H)."""

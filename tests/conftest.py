@@ -47,3 +47,23 @@ def minilm_shaped_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
         tmp_path_factory.mktemp("ckpt") / "minilm-shaped", seed=3, hidden_size=384, n_layers=6, n_heads=12,
         intermediate_size=1536, max_position=512,
     )
+
+
+def run_cli(*args: str, timeout: float = 600) -> "subprocess.CompletedProcess[str]":
+    """Run ``headbudget ARGS`` as a real process (the installed CLI, same interpreter)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "headbudget.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="session")
+def smoke_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The `smoke` recipe trained end to end by the real CLI (tiny base, synthetic task), once per session."""
+    out = tmp_path_factory.mktemp("smoke") / "smoke"
+    proc = run_cli("train", "--base", "tiny", "--data", "synthetic", "--recipe", "smoke", "--out", str(out),
+                   "--device", "cpu")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
