@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+
 from headbudget.engine.cost import Shape, forward_cost
 from headbudget.engine.errors import BudgetError, InputError, ModelLoadError
 from headbudget.engine.types import BatchResult, Cost, EngineOptions, ModelInfo, Prediction

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from headbudget.engine.base import pad
 from headbudget.engine.cost import flop_bound_speedup
 from headbudget.engine.types import EngineOptions, Precision
@@ -129,6 +130,7 @@ def memory_figure(model_dir: Path, dense_onnx: Path, precision: str) -> dict[str
 
 def _memory_child() -> None:
     import onnxruntime  # noqa: F401 - imported before the baseline on both sides
+
     from headbudget.engine import factory, onnx_backend  # noqa: F401
     from headbudget.engine.peers import ort_session
 
@@ -151,6 +153,7 @@ def _memory_child() -> None:
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """Measure everything bench.json holds; see the CLI (headbudget bench) for the table."""
     import torch
+
     from headbudget.engine import peers
     from headbudget.engine.factory import load_engine
     from headbudget.models.checkpoint import load_checkpoint

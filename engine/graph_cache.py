@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+
 from headbudget.engine.onnx_graph import BUILDER_VERSION, PLACEHOLDER_FILE
 from headbudget.engine.weights import Arrays
 

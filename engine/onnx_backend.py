@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
+
 from headbudget.engine import onnx_graph as G
 from headbudget.engine.base import EngineBase
 from headbudget.engine.errors import ModelLoadError

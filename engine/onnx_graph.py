@@ -18,10 +18,11 @@ from collections.abc import Sequence
 
 import numpy as np
 import onnx
+from onnx import TensorProto, helper
+
 from headbudget.engine.types import Precision
 from headbudget.engine.weights import Arrays
 from headbudget.models.config import ModelConfig
-from onnx import TensorProto, helper
 
 # Bump whenever the graph or the weight layout changes: it is part of the on-disk cache key.
 BUILDER_VERSION = 3

@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import torch
+
 from headbudget.models.classifier import BudgetedClassifier
-from headbudget.models.pretrained import _hf_key
+from headbudget.models.pretrained import hf_key
 
 Runner = Callable[[np.ndarray, np.ndarray], object]
 
@@ -34,7 +35,7 @@ def hf_model(model: BudgetedClassifier, attn: str) -> torch.nn.Module:
     state = hf.state_dict()
     for name, value in model.state_dict().items():
         if name.startswith("encoder."):
-            state["bert." + _hf_key(name)] = value
+            state["bert." + hf_key(name)] = value
     hf.load_state_dict(state)
     return hf
 

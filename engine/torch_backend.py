@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from headbudget.engine.base import EngineBase
 from headbudget.engine.errors import ModelLoadError
 from headbudget.engine.types import EngineOptions, ModelInfo

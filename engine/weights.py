@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from headbudget.engine.errors import ModelLoadError
 from headbudget.engine.types import Precision
 from headbudget.models.budget import GateParams, head_mask, layer_head_orders

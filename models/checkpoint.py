@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -11,17 +10,18 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from headbudget.models.checkpoint_meta import (  # noqa: F401 - re-exported for callers of this module
+    CONFIG,
+    FORMAT,
+    FORMAT_VERSION,
+    WEIGHTS,
+    CheckpointError,
+    model_config,
+    read_config,
+    weights_digest,
+)
 from headbudget.models.classifier import BudgetedClassifier
 from headbudget.models.config import ModelConfig
-
-FORMAT = "headbudget-checkpoint"
-FORMAT_VERSION = 1
-WEIGHTS = "model.safetensors"
-CONFIG = "config.json"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint folder that is missing, truncated, mismatched or not ours; the message names the file."""
 
 
 def package_version() -> str:
@@ -50,34 +50,6 @@ def save_checkpoint(model: BudgetedClassifier, folder: Path, meta: dict[str, Any
     tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     tmp.replace(folder / CONFIG)
     return folder
-
-
-def read_config(folder: Path) -> dict[str, Any]:
-    """Parse and validate a checkpoint's config.json."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise CheckpointError(f"{folder}: checkpoint folder does not exist")
-    path = folder / CONFIG
-    if not path.is_file():
-        raise CheckpointError(f"{path}: missing (not a headbudget checkpoint folder)")
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from e
-    if not isinstance(config, dict) or config.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: not a headbudget checkpoint (no \"format\": \"{FORMAT}\")")
-    if config.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: format_version {config.get('format_version')!r}, "
-                              f"this version reads {FORMAT_VERSION}")
-    return config
-
-
-def model_config(config: dict[str, Any], path: Path) -> ModelConfig:
-    """The ModelConfig stored in a checkpoint's config.json."""
-    try:
-        return ModelConfig.from_dict(config["model"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{path}: bad model config ({e})") from e
 
 
 def load_state(folder: Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
@@ -113,10 +85,3 @@ def load_checkpoint(folder: Path) -> tuple[BudgetedClassifier, dict[str, Any]]:
     return model, config
 
 
-def weights_digest(folder: Path) -> str:
-    """SHA-256 of model.safetensors: the checkpoint's identity for caches and the service."""
-    h = hashlib.sha256()
-    with open(Path(folder) / WEIGHTS, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()

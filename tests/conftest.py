@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,11 +51,8 @@ def minilm_shaped_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-def run_cli(*args: str, timeout: float = 600) -> "subprocess.CompletedProcess[str]":
+def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """Run ``headbudget ARGS`` as a real process (the installed CLI, same interpreter)."""
-    import subprocess
-    import sys
-
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "headbudget.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=env)

@@ -17,14 +17,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--limit", type=positive_int, default=None, help="only the first N examples")
     p.add_argument("--device", default="cpu", help="cpu or cuda (the reference model's device)")
     p.add_argument("--int8", action="store_true", help="add the int8 engine's hard accuracy per budget")
+    p.add_argument("--add-int8", action="store_true",
+                   help="only add the int8 column to the sweep.json already in --out (same data and split)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
 
     from headbudget.training.report import evaluate_checkpoint
 
+    if args.add_int8:
+        return _add_int8(args)
     extra = _int8_runner(args.model) if args.int8 else None
     sweep = evaluate_checkpoint(args.model, args.data, args.split, args.out, limit=args.limit, extra_hard=extra,
                                 device=args.device)
@@ -37,22 +40,62 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_int8(args: argparse.Namespace) -> int:
+    """Append accuracy_hard_int8 to an existing sweep.json, checking that it was made on the same split."""
+    import json
+
+    from headbudget.commands.common import CliError
+    from headbudget.models.checkpoint import read_config
+    from headbudget.models.tokenizer import TextEncoder
+    from headbudget.training.batches import tokenize
+    from headbudget.training.data import load_data
+    from headbudget.training.plots import pareto_plot
+    from headbudget.training.report import align_labels
+
+    path = args.out / "sweep.json"
+    if not path.is_file():
+        raise CliError(f"{path}: missing; run eval without --add-int8 first")
+    sweep = json.loads(path.read_text())
+    config = read_config(args.model)
+    data_meta = config.get("data", {})
+    ds = load_data(args.data, data_meta.get("text_column", "text"), data_meta.get("label_column", "label"),
+                   seed=int(config.get("seed", 7)))
+    part = align_labels(ds, ds.split(args.split).take(args.limit), tuple(config["model"]["labels"]))
+    if (sweep.get("dataset"), sweep.get("split"), sweep.get("n_examples")) != (ds.name, args.split, len(part)):
+        raise CliError(f"{path}: made on {sweep.get('dataset')}/{sweep.get('split')} "
+                       f"({sweep.get('n_examples')} examples), not {ds.name}/{args.split} ({len(part)})")
+    data = tokenize(part, TextEncoder(args.model, int(config.get("max_length", 512))))
+    run = _int8_runner(args.model)(data)["accuracy_hard_int8"]
+    for point in sweep["points"]:
+        point["accuracy_hard_int8"] = run(point["budget"])
+        print(f"{point['budget']:>6.2f} fp32 {point['accuracy_hard']:.4f} int8 {point['accuracy_hard_int8']:.4f}")
+    path.write_text(json.dumps(sweep, indent=2) + "\n")
+    pareto_plot(sweep, args.out / "pareto.png")
+    return 0
+
+
 def _int8_runner(folder: Path):  # type: ignore[no-untyped-def]
-    """Hard accuracy through the int8 engine, as a per-budget column of the sweep."""
+    """Hard accuracy through the ONNX Runtime int8 engine, as a per-budget column of the sweep."""
+    import numpy as np
+
     from headbudget.engine.factory import load_engine
     from headbudget.engine.types import EngineOptions
+    from headbudget.models.tokenizer import Encoded
 
     engine = load_engine(folder, EngineOptions(precision="int8"))
 
     def make(data):  # type: ignore[no-untyped-def]
+        order = np.argsort([len(x) for x in data.ids], kind="stable")  # length-sorted batches: less padding
+
         def acc(budget: float) -> float:
-            labels = list(engine.info.labels)
             right = 0
-            for start in range(0, len(data), 32):
-                ids = data.ids[start : start + 32]
-                res = engine.predict_ids(ids, budget)
-                right += sum(int(labels.index(p.label) == y) for p, y in zip(res.predictions, data.labels[start:start + 32], strict=True))
+            for start in range(0, len(order), 32):
+                idx = order[start : start + 32]
+                ids, mask = Encoded([data.ids[i] for i in idx], [False] * len(idx)).padded()
+                logits = engine.predict_ids(ids, mask, budget)
+                right += int((logits.argmax(1) == data.labels[idx]).sum())
             return right / max(1, len(data))
+
         return {"accuracy_hard_int8": acc}
 
     return make

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from headbudget.engine import weights
 from headbudget.engine.errors import BudgetError, InputError, ModelLoadError
 from headbudget.engine.factory import load_engine

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from headbudget.engine.cost import Shape, attention_macs, flop_bound_speedup, forward_cost
 from headbudget.engine.factory import load_engine
 from headbudget.engine.types import EngineOptions

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from headbudget.engine.factory import load_engine
 from headbudget.engine.types import EngineOptions
 from headbudget.models.budget import BUDGET_GRID

@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from headbudget.models.budget import (
-    BUDGET_GRID, GateParams, check_budget, head_mask, head_order, layer_head_orders, n_kept, soft_gates,
+    BUDGET_GRID,
+    GateParams,
+    check_budget,
+    head_mask,
+    head_order,
+    layer_head_orders,
+    n_kept,
+    soft_gates,
 )
 
 
