@@ -10,7 +10,7 @@ from typing import Any
 from headbudget.engine.errors import ModelLoadError
 from headbudget.engine.protocol import Engine
 from headbudget.engine.types import EngineOptions, ModelInfo
-from headbudget.engine.weights import model_config, read_config, weights_digest
+from headbudget.engine.weights import checkpoint_config, checkpoint_digest
 
 log = logging.getLogger(__name__)
 
@@ -30,14 +30,13 @@ def _optional_json(path: Path) -> dict[str, Any] | None:
 def model_info(model_dir: Path, options: EngineOptions) -> ModelInfo:
     """What the service shows about a checkpoint, read without loading any weights into a runtime."""
     model_dir = Path(model_dir)
-    config = read_config(model_dir)
-    cfg = model_config(config, model_dir)
+    config, cfg = checkpoint_config(model_dir)
     model_type = str(config.get("model_type", "budgeted"))
     if model_type != "budgeted":
         raise ModelLoadError(f"{model_dir}: model_type {model_type!r} is not served by this engine (budgeted only)")
     return ModelInfo(
         name=str(config.get("name") or model_dir.name),
-        checksum=weights_digest(model_dir),
+        checksum=checkpoint_digest(model_dir),
         labels=cfg.labels,
         n_layers=cfg.n_layers,
         n_heads=cfg.n_heads,

@@ -36,11 +36,10 @@ from headbudget.engine.types import EngineOptions, ModelInfo
 from headbudget.engine.weights import (
     Arrays,
     HeadPlan,
+    checkpoint_config,
     gate_params,
     load_state,
-    model_config,
     pack,
-    read_config,
 )
 from headbudget.models.budget import BUDGET_GRID, head_order
 
@@ -61,7 +60,7 @@ class OnnxEngine(EngineBase):
     """Serves every budget of one checkpoint from lazily created, cached ORT sessions."""
 
     def __init__(self, model_dir: Path, options: EngineOptions, info: ModelInfo) -> None:
-        cfg = model_config(read_config(model_dir), model_dir)
+        _, cfg = checkpoint_config(model_dir)
         super().__init__(model_dir, cfg, options)
         self.info = info
         self.precision = options.precision

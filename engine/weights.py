@@ -1,8 +1,8 @@
 """Checkpoint weights as numpy arrays, laid out so that every budget is a prefix slice of every layer.
 
 Torch-free on purpose: an ONNX Runtime serving process never imports torch (about 1 s and tens of MB of
-resident memory it would not use). The checkpoint is read with ``safetensors.numpy``; the format check
-mirrors ``models/checkpoint.py`` (tests assert that the two agree).
+resident memory it would not use). config.json and the digest come from ``models.checkpoint_meta`` (torch-free);
+the tensors are read with ``safetensors.numpy`` and checked against the config here.
 
 Layout, per layer l, with heads permuted by ``layer_head_orders`` (rank order inside the layer):
 - Q/K/V weights interleaved per head, (H*3*d_h, D) in nn.Linear's (out, in) layout: the first 3*k*d_h rows
@@ -15,8 +15,6 @@ Q/K/V (columns) or W_O (rows) never changes a kept weight's quantized value.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -25,52 +23,34 @@ import numpy as np
 from headbudget.engine.errors import ModelLoadError
 from headbudget.engine.types import Precision
 from headbudget.models.budget import GateParams, head_mask, layer_head_orders
+from headbudget.models.checkpoint_meta import (
+    CONFIG,
+    WEIGHTS,
+    CheckpointError,
+    model_config,
+    read_config,
+    weights_digest,
+)
 from headbudget.models.config import ModelConfig
-
-# Mirrors models/checkpoint.py without importing torch (tests/engine/test_weights.py checks they agree).
-FORMAT = "headbudget-checkpoint"
-FORMAT_VERSION = 1
-WEIGHTS = "model.safetensors"
-CONFIG = "config.json"
 
 Arrays = dict[str, np.ndarray]
 
 
-def read_config(folder: Path) -> dict[str, Any]:
-    """Parse and validate a checkpoint's config.json (torch-free twin of models.checkpoint.read_config)."""
-    path = Path(folder) / CONFIG
-    if not Path(folder).is_dir():
-        raise ModelLoadError(f"{folder}: checkpoint folder does not exist")
+def checkpoint_config(folder: Path) -> tuple[dict[str, Any], ModelConfig]:
+    """config.json of a checkpoint and its ModelConfig (models.checkpoint_meta), errors as ModelLoadError."""
     try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ModelLoadError(f"{path}: missing (not a headbudget checkpoint folder)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelLoadError(f"{path}: not valid JSON ({e})") from e
-    if not isinstance(config, dict) or config.get("format") != FORMAT:
-        raise ModelLoadError(f"{path}: not a headbudget checkpoint (no \"format\": \"{FORMAT}\")")
-    if config.get("format_version") != FORMAT_VERSION:
-        raise ModelLoadError(f"{path}: format_version {config.get('format_version')!r}, reads {FORMAT_VERSION}")
-    return config
+        config = read_config(Path(folder))
+        return config, model_config(config, Path(folder) / CONFIG)
+    except CheckpointError as e:
+        raise ModelLoadError(str(e)) from e
 
 
-def model_config(config: dict[str, Any], folder: Path) -> ModelConfig:
+def checkpoint_digest(folder: Path) -> str:
+    """SHA-256 of model.safetensors (models.checkpoint_meta.weights_digest), errors as ModelLoadError."""
     try:
-        return ModelConfig.from_dict(config["model"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise ModelLoadError(f"{Path(folder) / CONFIG}: bad model config ({e})") from e
-
-
-def weights_digest(folder: Path) -> str:
-    """SHA-256 of model.safetensors, the checkpoint identity (same value as models.checkpoint.weights_digest)."""
-    h = hashlib.sha256()
-    try:
-        with open(Path(folder) / WEIGHTS, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
+        return weights_digest(Path(folder))
     except OSError as e:
         raise ModelLoadError(f"{Path(folder) / WEIGHTS}: unreadable ({e})") from e
-    return h.hexdigest()
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

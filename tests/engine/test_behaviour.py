@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -124,10 +127,25 @@ def test_model_info(tiny_checkpoint: Path, tmp_path: Path) -> None:
 
 
 def test_torch_free_reader_agrees_with_models_checkpoint(tiny_checkpoint: Path) -> None:
-    assert (weights.FORMAT, weights.FORMAT_VERSION) == (ckpt.FORMAT, ckpt.FORMAT_VERSION)
-    assert weights.weights_digest(tiny_checkpoint) == ckpt.weights_digest(tiny_checkpoint)
+    assert weights.checkpoint_digest(tiny_checkpoint) == ckpt.weights_digest(tiny_checkpoint)
     model, _ = load_checkpoint(tiny_checkpoint)
-    cfg = model.cfg
+    _, cfg = weights.checkpoint_config(tiny_checkpoint)
+    assert cfg == model.cfg
     assert weights.expected_shapes(cfg) == {k: tuple(v.shape) for k, v in model.state_dict().items()}
     order = head_order(weights.gate_params(weights.load_state(tiny_checkpoint, cfg)))
     np.testing.assert_array_equal(order, model.gates.order())
+
+
+def test_onnx_engine_never_imports_torch(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """A serving process on the ORT backend loads, warms up and predicts without importing torch."""
+    code = (
+        "import sys; from pathlib import Path\n"
+        "from headbudget.engine.factory import load_engine\n"
+        "from headbudget.engine.types import EngineOptions\n"
+        f"e = load_engine(Path({str(tiny_checkpoint)!r}), EngineOptions(cache_dir=Path({str(tmp_path)!r})))\n"
+        "e.warmup(); e.predict(['some text'], 0.5)\n"
+        "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
