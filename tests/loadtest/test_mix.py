@@ -9,6 +9,8 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from pydantic import ValidationError
+
 from headbudget.loadtest.mix import (
     DEFAULT_BUDGETS,
     MixConfig,
@@ -20,7 +22,6 @@ from headbudget.loadtest.mix import (
 )
 from headbudget.service.schemas import MAX_TEXTS, ClassifyRequest, FeedbackRequest
 from headbudget.service.settings import load_config
-from pydantic import ValidationError
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = {"cheap": "k-cheap", "balanced": "k-balanced", "quality": "k-quality"}

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from headbudget.loadtest.run import parse_duration, percentile_ms, summarize
 
+from headbudget.loadtest.run import parse_duration, percentile_ms, summarize
 from tests.ops.live import KEYS, LiveService, free_port
 
 RUN = [sys.executable, "-m", "headbudget.loadtest.run"]

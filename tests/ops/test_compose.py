@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from headbudget.service.settings import load_config
 
+from headbudget.service.settings import load_config
 from tests.ops.promql import ROOT
 
 COMPOSE = ROOT / "docker-compose.yml"

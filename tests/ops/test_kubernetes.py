@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 import yaml
-from headbudget.service.settings import parse_config
 
+from headbudget.service.settings import parse_config
 from tests.ops.promql import ALERTS, ROOT, parse_with_promtool
 
 K8S = ROOT / "deploy" / "kubernetes"
