@@ -58,7 +58,7 @@ class GraphCache:
     def __init__(self, root: Path, key: str, flavour: str) -> None:
         self.root = _writable_root(Path(root))
         self.key = key
-        self.flavour = flavour  # e.g. "fp32-chain": stale folders are those of the same flavour only
+        self.flavour = flavour  # e.g. "fp32-dynamic": stale folders are those of the same flavour only
         self.dir = self.root / f"hb-{flavour}-{key}"
         self.built: list[str] = []  # what this process had to (re)build, for logs and tests
 

@@ -4,17 +4,22 @@ Memory: every session receives its weights through ``SessionOptions.add_initiali
 numpy views of one weight store (a budget's heads are a row prefix per layer, see weights.py), so sessions
 add graph structure, not weights. All sessions draw activations from one process-wide arena.
 
-Prepacking (``EngineOptions.prepack``) trades memory for speed, measured on MiniLM-L6, one thread:
-- prepack on, one whole-model graph per budget: every session keeps its own packed copy of every matrix
-  (the FFN's included): ~1 GB for the 19 budgets against ~136 MB for a dense session. Not offered.
-- prepack off, one whole-model graph per budget ("whole" layout): ~0.9x the dense session's memory, but
-  MLAS packs B on every call: 10-25% slower in fp32 at 48-128 tokens, up to 50% slower in int8 at 48.
-- prepack on, per-layer pieces chained in Python ("chain" layout, the default): one prepacked FFN per
-  layer shared by all budgets (2/3 of the multiply-adds at b = 1), attention pieces per distinct (layer,
-  heads) pair left unpacked (``prepack_attention`` packs them too: one packed copy per pair, ~1.85x the
-  dense session's memory on MiniLM), embeddings and head shared. Costs ~14 session calls per forward
-  (a few us each through the C-level ``run_with_ort_values``). The default, because latency is what a
-  budget sells and the memory stays under the 1.5x limit.
+Layouts (``EngineOptions.prepack``), measured on the AG News MiniLM-L6 checkpoint, one thread, len 128,
+batch 1, interleaved A/B in one process, medians of 30-150 rounds on a shared 2-core machine:
+- "dynamic" (prepack on, the default): ONE session serves every budget. Per layer an If node picks the
+  attention branch: at all heads, weights are initializers (prepacked once); at fewer heads, the head-prefix
+  slices are graph *inputs* (cached OrtValues over views of the store), which ORT never prepacks, so no
+  budget adds a packed copy. Feed-forward, embeddings and classifier are initializers, prepacked once.
+  One run call per forward. fp32: b=1 18.4 ms, b=0.5 15.5, b=0.25 13.8 vs ORT dense 19.3 (a second round:
+  19.7 / 16.3 / 14.2 vs 20.0); memory 151 MB over imports for all 19 budgets vs 132 MB dense (1.14x).
+- "chain" (the previous default, removed): prepacked per-layer FFN sessions and unpacked per-(layer, heads)
+  attention sessions chained in Python, 14 run calls: b=1 20.3 ms, b=0.5 16.1 ms in the same run as the
+  numbers above (22.2 / 17.5 vs dynamic without the If branch 20.6 / 16.7 in another), 145 MB; at 40 tokens
+  11.5 ms vs 9.8 ms dynamic at b=1. Packing every (layer, heads) attention piece instead cost ~1.85x memory.
+- "whole" (prepack off): one graph per budget, nothing prepacked, ~0.9x the dense memory, but MLAS packs
+  B on every call: 10-25% slower in fp32 at 48-128 tokens, up to 50% slower in int8 at 48.
+- One whole-model graph per budget with prepacking on: every session packs its own copy of every matrix,
+  ~1 GB for 19 budgets (ORT's shared prepacked-weights container is C API only, not in the Python API).
 """
 
 from __future__ import annotations
@@ -64,7 +69,7 @@ class OnnxEngine(EngineBase):
         super().__init__(model_dir, cfg, options)
         self.info = info
         self.precision = options.precision
-        self.layout = "chain" if options.prepack else "whole"
+        self.layout = "dynamic" if options.prepack else "whole"
         self.cache = GraphCache(options.cache_dir or Path(model_dir) / "onnx",
                                 cache_key(info.checksum, self.precision, self.layout), f"{self.precision}-{self.layout}")
         store = self.cache.load_store()
@@ -82,6 +87,9 @@ class OnnxEngine(EngineBase):
         self._sessions: dict[Any, ort.InferenceSession] = {}
         self._counts: dict[float, tuple[int, ...]] = {}
         self._run_options = ort.RunOptions()
+        self._feeds: dict[tuple[int, ...], dict[str, Any]] = {}
+        self._keep: list[np.ndarray] = []  # arrays behind cached feed OrtValues
+        self._dyn: Any = None  # the C-level session of the "dynamic" layout
         _shared_arena()
 
     # -- sessions ---------------------------------------------------------------------------------------
@@ -115,13 +123,19 @@ class OnnxEngine(EngineBase):
         name = "whole-" + "-".join(map(str, counts))
         return self._session(counts, name, arrays, lambda: G.build_graph(c, counts, p, arrays), prepack=False)
 
-    def _piece(self, kind: str, layer: int = 0, k: int = 0) -> Any:
+    def _dynamic(self, counts: tuple[int, ...]) -> tuple[Any, dict[str, Any]]:
+        """The one all-budget session and the per-call attention inputs for ``counts`` (both cached)."""
         c, p = self.cfg, self.precision
-        arrays = G.segment_arrays(self.store, c, kind, layer, k, p, self._slices)
-        name = f"{kind}-l{layer}-k{k}"
-        prepack = kind != "attn" or self.options.prepack_attention
-        return self._session((kind, layer, k), name, arrays, lambda: G.build_segment(c, kind, layer, k, p, arrays),
-                             prepack)
+        feeds = self._feeds.get(counts)
+        if feeds is None:
+            arrays = G.dynamic_feeds(self.store, c, counts, p, self._slices)
+            self._keep.extend(arrays.values())
+            feeds = self._feeds[counts] = {n: ort.OrtValue.ortvalue_from_numpy(a)._get_c_value()
+                                           for n, a in arrays.items()}
+        if self._dyn is None:
+            init = G.dynamic_arrays(self.store, c, p, self._slices)
+            self._dyn = self._session("dynamic", "dynamic", init, lambda: G.build_dynamic(c, p, init), prepack=True)
+        return self._dyn, feeds
 
     # -- EngineBase -------------------------------------------------------------------------------------
     def layer_counts(self, budget: float) -> tuple[int, ...]:
@@ -136,15 +150,10 @@ class OnnxEngine(EngineBase):
         if self.layout == "whole":
             feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
             return self._whole(counts).run(["logits"], feeds, ro)[0]  # type: ignore[no-any-return]
-        mask = ort.OrtValue.ortvalue_from_numpy(attention_mask)._get_c_value()
-        ids = ort.OrtValue.ortvalue_from_numpy(input_ids)._get_c_value()
-        out = self._piece("embed").run_with_ort_values({"input_ids": ids, "attention_mask": mask}, ["x", "bias"], ro)
-        x, bias = out[0], out[1]  # (B*N, D), (B, 1, 1, N)
-        for layer, k in enumerate(counts):
-            x = self._piece("attn", layer, k).run_with_ort_values({"x": x, "bias": bias}, ["y"], ro)[0]
-            x = self._piece("ffn", layer).run_with_ort_values({"x": x}, ["y"], ro)[0]
-        logits = self._piece("head").run_with_ort_values({"x": x, "attention_mask": mask}, ["logits"], ro)[0]
-        return logits.numpy()  # type: ignore[no-any-return]
+        sess, feeds = self._dynamic(counts)
+        feeds = {**feeds, "input_ids": ort.OrtValue.ortvalue_from_numpy(input_ids)._get_c_value(),
+                 "attention_mask": ort.OrtValue.ortvalue_from_numpy(attention_mask)._get_c_value()}
+        return sess.run_with_ort_values(feeds, ["logits"], ro)[0].numpy()  # type: ignore[no-any-return]
 
     def warmup(self) -> None:
         """Create every session the 19-budget grid needs and run each once on a short input."""
@@ -154,6 +163,8 @@ class OnnxEngine(EngineBase):
             self.forward_ids(ids, mask, b)
 
     def close(self) -> None:
+        self._dyn = None
+        self._feeds.clear()
         self._sessions.clear()
         self._values.clear()
 

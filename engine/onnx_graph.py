@@ -14,7 +14,7 @@ LN(x + b_O), which is exactly what the reference model computes with every gate 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import onnx
@@ -25,7 +25,7 @@ from headbudget.engine.weights import Arrays
 from headbudget.models.config import ModelConfig
 
 # Bump whenever the graph or the weight layout changes: it is part of the on-disk cache key.
-BUILDER_VERSION = 3
+BUILDER_VERSION = 4
 OPSET = 17
 MS = "com.microsoft"
 _NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int8): TensorProto.INT8}
@@ -94,22 +94,40 @@ class _Graph:
         return self.op("LayerNormalization", [self.op("Add", [y, x]), gamma, beta], axis=-1,
                        epsilon=self.cfg.layer_norm_eps)
 
-    def attention(self, x: str, bn: str, bias: str, layer: int, k: int) -> str:
-        """LN(x + W_O·Attn(x) + b_O) over the first k heads; LN(x + b_O) when k = 0.  (B*N, D)"""
+    def switch(self, cond: str, then: Callable[[_Graph], str], other: Callable[[_Graph], str]) -> str:
+        """An If node whose branches are built by ``then`` / ``other`` on child graphs (outer names visible)."""
+        branches = []
+        for i, build in enumerate((then, other)):
+            child = _Graph(self.cfg, self.precision)
+            child.count = self.count
+            out = child.op("Identity", [build(child)])
+            self.count = child.count
+            vi = helper.make_tensor_value_info(out, TensorProto.FLOAT, None)
+            branches.append(helper.make_graph(child.nodes, f"branch_{self.count}_{i}", [], [vi]))
+        return self.op("If", [cond], then_branch=branches[0], else_branch=branches[1])
+
+    def attention(self, x: str, bn: str, bias: str, layer: int, k: int | None) -> str:
+        """LN(x + W_O·Attn(x) + b_O) over the first k heads; LN(x + b_O) when k = 0.  (B*N, D)
+
+        ``k=None``: the head count is decided per call; the sliced weights and the shapes [k, 3, dh] and
+        [B*N, k*dh] are graph inputs named ``l{layer}.wqkv`` ... (see ``dynamic_inputs``), not initializers.
+        """
         p, dh = f"l{layer}.", self.cfg.head_dim
         if k == 0:
             return self.add_norm(p + "bo", x, p + "ln1_g", p + "ln1_b")
         fp32 = self.precision == "fp32"
-        qkv = self.linear(x, f"{p}wqkv.k{k}", f"{p}bqkv.k{k}", f"{p}wqkv_s.k{k}", trans_b=fp32)  # (B*N, 3*k*dh)
-        shape = self.op("Concat", [bn, self.const(f"{p}heads.k{k}", np.array([k, 3, dh], np.int64))], axis=0)
-        qkv = self.op("Reshape", [qkv, shape])  # (B, N, k, 3, dh)
+        sfx = "" if k is None else f".k{k}"
+        qkv = self.linear(x, f"{p}wqkv{sfx}", f"{p}bqkv{sfx}", f"{p}wqkv_s{sfx}", trans_b=fp32)  # (B*N, 3*k*dh)
+        heads = p + "heads" if k is None else self.const(f"{p}heads.k{k}", np.array([k, 3, dh], np.int64))
+        qkv = self.op("Reshape", [qkv, self.op("Concat", [bn, heads], axis=0)])  # (B, N, k, 3, dh)
         qkv = self.op("Transpose", [qkv], perm=[3, 0, 2, 1, 4])  # (3, B, k, N, dh)
         q, kk, v = self.op("Split", [qkv], n_out=3, axis=0).split(",")  # each (1, B, k, N, dh)
         scores = self.op("FusedMatMul", [q, kk], domain=MS, transB=1, alpha=1.0 / math.sqrt(dh))  # (1,B,k,N,N)
         probs = self.op("Softmax", [self.op("Add", [scores, bias])], axis=-1)
         ctx = self.op("Transpose", [self.op("MatMul", [probs, v])], perm=[0, 1, 3, 2, 4])  # (1, B, N, k, dh)
-        ctx = self.op("Reshape", [ctx, self.const(f"{p}flat.k{k}", np.array([-1, k * dh], np.int64))])
-        o = self.linear(ctx, f"{p}wo.k{k}", p + "bo", p + "wo_s")  # (B*N, D)
+        flat = p + "flat" if k is None else self.const(f"{p}flat.k{k}", np.array([-1, k * dh], np.int64))
+        ctx = self.op("Reshape", [ctx, flat])  # (B*N, k*dh)
+        o = self.linear(ctx, f"{p}wo{sfx}", p + "bo", p + "wo_s")  # (B*N, D)
         return self.add_norm(o, x, p + "ln1_g", p + "ln1_b")
 
     def ffn(self, x: str, layer: int) -> str:
@@ -199,42 +217,81 @@ def build_graph(cfg: ModelConfig, layer_k: Sequence[int], precision: Precision, 
     return _model(g, [_IDS, _MASK], {"logits": logits}, arrays)
 
 
-def build_segment(cfg: ModelConfig, kind: str, layer: int, k: int, precision: Precision,
-                  arrays: Arrays) -> onnx.ModelProto:
-    """One piece of the classifier, for sessions chained in Python (see onnx_backend: prepacked layout).
+def dynamic_arrays(store: Arrays, cfg: ModelConfig, precision: Precision, cache: dict[str, np.ndarray]) -> Arrays:
+    """The initializers of ``build_dynamic``: all but the sliced attention weights, which are fed per call.
 
-    kind "embed": ids, mask -> x (B*N, D), bias (B, 1, 1, N); "attn": x, bias -> x at k heads of ``layer``;
-    "ffn": x -> x; "head": x, mask -> logits (B, C).
+    The full-width attention weights (``l{l}.wqkv.k{H}`` ...) are initializers of the If branch that runs a
+    layer at all its heads: they are views of the store, and that branch's Gemms get prepacked.
+    """
+    names = ["bo", "ln1_g", "ln1_b", "w1", "b1", "w2", "b2", "ln2_g", "ln2_b"]
+    names += ["w1_s", "w2_s", "wo_s"] if precision == "int8" else []
+    out: Arrays = {n: store[n] for n in ("word", "pos_tt", "emb_g", "emb_b", "cls_w", "cls_b")}
+    for layer in range(cfg.n_layers):
+        out.update({f"l{layer}.{n}": store[f"l{layer}.{n}"] for n in names})
+        out.update(_sliced(store, layer, cfg.n_heads, cfg.head_dim, precision, cache))
+    return out
+
+
+def dynamic_feeds(store: Arrays, cfg: ModelConfig, layer_k: Sequence[int], precision: Precision,
+                  cache: dict[str, np.ndarray]) -> Arrays:
+    """The per-call inputs of ``build_dynamic`` for head counts ``layer_k`` (views of ``store`` or ``cache``).
+
+    A layer with no head gets one all-zero head: Q = K = V = 0 and a zero W_O slice, so it adds exactly b_O,
+    which is what the reference computes (one head's worth of wasted work, only in empty layers). A layer at
+    all its heads takes the If branch with prepacked weights and gets a one-head dummy input too.
+    """
+    dh, d, n_heads = cfg.head_dim, cfg.hidden_size, cfg.n_heads
+    int8 = precision == "int8"
+    if "zero_wqkv" not in cache:
+        cache["zero_wqkv"] = np.zeros((d, 3 * dh) if int8 else (3 * dh, d), np.int8 if int8 else np.float32)
+        cache["zero_wo"] = np.zeros((dh, d), np.int8 if int8 else np.float32)
+        cache["zero_b"] = np.zeros(3 * dh, np.float32)
+        cache["one_s"] = np.ones(3 * dh, np.float32)
+    out: Arrays = {}
+    for layer, k in enumerate(layer_k):
+        p = f"l{layer}."
+        out[p + "full"] = np.array(k == n_heads)
+        if 0 < k < n_heads:
+            sliced = _sliced(store, layer, k, dh, precision, cache)
+            out.update({p + n: sliced[f"{p}{n}.k{k}"] for n in ("wqkv", "bqkv", "wo")})
+            if int8:
+                out[p + "wqkv_s"] = sliced[f"{p}wqkv_s.k{k}"]
+        else:
+            out.update({p + "wqkv": cache["zero_wqkv"], p + "bqkv": cache["zero_b"], p + "wo": cache["zero_wo"]})
+            if int8:
+                out[p + "wqkv_s"] = cache["one_s"]
+        kk = k if 0 < k < n_heads else 1
+        out[p + "heads"] = np.array([kk, 3, dh], np.int64)
+        out[p + "flat"] = np.array([-1, kk * dh], np.int64)
+    return out
+
+
+def build_dynamic(cfg: ModelConfig, precision: Precision, arrays: Arrays) -> onnx.ModelProto:
+    """The whole classifier for every budget in one graph; per layer, If(full) picks the attention branch.
+
+    All heads: weights are initializers, prepacked once. Fewer heads: the head-prefix slices are graph
+    inputs (``dynamic_feeds``), never prepacked, so no budget adds a packed copy. Feed-forward, norms,
+    embeddings and classifier are initializers, prepacked once and used by every budget.
     """
     g = _Graph(cfg, precision)
-    if kind == "embed":
-        return _model(g, [_IDS, _MASK], {"x": g.embed("input_ids"), "bias": g.mask_bias("attention_mask")}, arrays)
-    if kind == "attn":
-        bn = g.op("Gather", [g.op("Shape", ["bias"]), g.const("b_n", np.array([0, 3], np.int64))])  # [B, N]
-        return _model(g, [_X, _BIAS], {"y": g.attention("x", bn, "bias", layer, k)}, arrays)
-    if kind == "ffn":
-        return _model(g, [_X], {"y": g.ffn("x", layer)}, arrays)
-    if kind == "head":
-        logits = g.op("Gemm", [g.pool("x", g.op("Shape", ["attention_mask"]), "attention_mask"), "cls_w", "cls_b"],
-                      transB=1)
-        return _model(g, [_X, _MASK], {"logits": logits}, arrays)
-    raise ValueError(f"unknown segment {kind!r}")
-
-
-def segment_arrays(store: Arrays, cfg: ModelConfig, kind: str, layer: int, k: int, precision: Precision,
-                   cache: dict[str, np.ndarray]) -> Arrays:
-    """The initializers ``build_segment`` names for one piece, backed by ``store`` (or ``cache``)."""
-    if kind == "embed":
-        return {n: store[n] for n in ("word", "pos_tt", "emb_g", "emb_b")}
-    if kind == "head":
-        return {n: store[n] for n in ("cls_w", "cls_b")}
-    p = f"l{layer}."
-    if kind == "ffn":
-        names = ["w1", "b1", "w2", "b2", "ln2_g", "ln2_b"] + (["w1_s", "w2_s"] if precision == "int8" else [])
-        return {p + n: store[p + n] for n in names}
-    out = {p + n: store[p + n] for n in ("bo", "ln1_g", "ln1_b")}
-    if k:
-        out.update(_sliced(store, layer, k, cfg.head_dim, precision, cache))
+    bn = g.op("Shape", ["input_ids"])  # (2,) = [B, N]
+    bias = g.mask_bias("attention_mask")
+    x = g.embed("input_ids")
+    inputs = [_IDS, _MASK]
+    wtype = TensorProto.INT8 if precision == "int8" else TensorProto.FLOAT
+    for layer in range(cfg.n_layers):
+        p = f"l{layer}."
+        inputs += [helper.make_tensor_value_info(p + "full", TensorProto.BOOL, []),
+                   helper.make_tensor_value_info(p + "wqkv", wtype, [None, None]),
+                   helper.make_tensor_value_info(p + "bqkv", TensorProto.FLOAT, [None]),
+                   helper.make_tensor_value_info(p + "wo", wtype, [None, cfg.hidden_size]),
+                   helper.make_tensor_value_info(p + "heads", TensorProto.INT64, [3]),
+                   helper.make_tensor_value_info(p + "flat", TensorProto.INT64, [2])]
         if precision == "int8":
-            out[p + "wo_s"] = store[p + "wo_s"]
-    return out
+            inputs.append(helper.make_tensor_value_info(p + "wqkv_s", TensorProto.FLOAT, [None]))
+        h = x
+        x = g.switch(p + "full", lambda c, h=h, layer=layer: c.attention(h, bn, bias, layer, cfg.n_heads),
+                     lambda c, h=h, layer=layer: c.attention(h, bn, bias, layer, None))
+        x = g.ffn(x, layer)
+    logits = g.op("Gemm", [g.pool(x, bn, "attention_mask"), "cls_w", "cls_b"], transB=1)  # (B, C)
+    return _model(g, inputs, {"logits": logits}, arrays)

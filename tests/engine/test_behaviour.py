@@ -46,7 +46,7 @@ def test_cache_reused_then_rebuilt_when_checkpoint_changes(tiny_checkpoint: Path
     assert "store.safetensors" in changed.cache.built  # type: ignore[attr-defined]
     after = changed.predict(["some text here"], 0.5).predictions[0].logits
     np.testing.assert_allclose(np.array(after) - np.array(before), 1.0, atol=1e-4)
-    assert len(list((folder / "onnx").glob("hb-fp32-chain-*"))) == 1  # the stale folder was removed
+    assert len(list((folder / "onnx").glob("hb-fp32-dynamic-*"))) == 1  # the stale folder was removed
 
 
 def test_damaged_cache_is_rebuilt(tiny_checkpoint: Path, tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ TEXTS = [
     "according to a study published on Tuesday.",
 ]
 FP32 = [
-    pytest.param(EngineOptions(), id="ort-chain"),
+    pytest.param(EngineOptions(), id="ort-dynamic"),
     pytest.param(EngineOptions(prepack=False), id="ort-whole"),
     pytest.param(EngineOptions(backend="torch"), id="torch"),
 ]
@@ -77,7 +77,7 @@ def test_int8_runs_and_mostly_agrees(minilm_shaped_checkpoint: Path, tmp_path: P
 
 
 @pytest.mark.parametrize("options", [EngineOptions(), EngineOptions(prepack=False), EngineOptions(precision="int8")],
-                         ids=["chain", "whole", "int8"])
+                         ids=["dynamic", "whole", "int8"])
 def test_batch_of_mixed_lengths_equals_one_by_one(minilm_shaped_checkpoint: Path, options: EngineOptions,
                                                   tmp_path: Path) -> None:
     engine = load_engine(minilm_shaped_checkpoint, EngineOptions(**{**options.__dict__, "cache_dir": tmp_path}))
