@@ -121,7 +121,9 @@ def train(run: RunConfig, out: Path) -> Path:
                  "text_column": run.text_column, "label_column": run.label_column},
         "stages": {k: {"best_val": v["best_val"], "steps": v["steps"], "seconds": v["seconds"]}
                    for k, v in results.items()},
-        "train_seconds": time.perf_counter() - t0,
+        # Sum over stages, so that a resumed run still reports what the whole recipe took.
+        "train_seconds": sum(float(v["seconds"]) for v in results.values()),
+        "wall_seconds_this_invocation": time.perf_counter() - t0,
     }
     save_checkpoint(model.cpu(), out, meta)
     copy_tokenizer(tok_dir, out)
