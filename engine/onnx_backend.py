@@ -90,6 +90,9 @@ class OnnxEngine(EngineBase):
         self._feeds: dict[tuple[int, ...], dict[str, Any]] = {}
         self._keep: list[np.ndarray] = []  # arrays behind cached feed OrtValues
         self._dyn: Any = None  # the C-level session of the "dynamic" layout
+        self._logits = ["logits"]
+        self._bare_key: tuple[int, int] | None = None
+        self._bare: tuple[Any, Any] = (None, None)
         _shared_arena()
 
     # -- sessions ---------------------------------------------------------------------------------------
@@ -151,9 +154,24 @@ class OnnxEngine(EngineBase):
             feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
             return self._whole(counts).run(["logits"], feeds, ro)[0]  # type: ignore[no-any-return]
         sess, feeds = self._dynamic(counts)
-        feeds = {**feeds, "input_ids": ort.OrtValue.ortvalue_from_numpy(input_ids)._get_c_value(),
-                 "attention_mask": ort.OrtValue.ortvalue_from_numpy(attention_mask)._get_c_value()}
-        return sess.run_with_ort_values(feeds, ["logits"], ro)[0].numpy()  # type: ignore[no-any-return]
+        # The cached feed dict is reused in place (an engine is single-threaded): no per-call dict copy.
+        feeds["input_ids"] = ort.OrtValue.ortvalue_from_numpy(input_ids)._get_c_value()
+        feeds["attention_mask"] = ort.OrtValue.ortvalue_from_numpy(attention_mask)._get_c_value()
+        return sess.run_with_ort_values(feeds, self._logits, ro)[0].numpy()  # type: ignore[no-any-return]
+
+    def bare_run(self, input_ids: np.ndarray, attention_mask: np.ndarray, budget: float) -> object:
+        """The session run alone, feeds prepared outside the timing path (the benchmark's overhead split)."""
+        counts = self.layer_counts(budget)
+        if self.layout == "whole":
+            return self._whole(counts).run(self._logits, {"input_ids": input_ids, "attention_mask": attention_mask},
+                                           self._run_options)
+        sess, feeds = self._dynamic(counts)
+        key = (id(input_ids), id(attention_mask))
+        if self._bare_key != key:  # wrap once per input pair, as the timing loop reuses the same arrays
+            self._bare_key, self._bare = key, (ort.OrtValue.ortvalue_from_numpy(input_ids),
+                                               ort.OrtValue.ortvalue_from_numpy(attention_mask))
+        feeds["input_ids"], feeds["attention_mask"] = (v._get_c_value() for v in self._bare)
+        return sess.run_with_ort_values(feeds, self._logits, self._run_options)
 
     def warmup(self) -> None:
         """Create every session the 19-budget grid needs and run each once on a short input."""

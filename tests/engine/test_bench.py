@@ -14,7 +14,7 @@ def test_bench_writes_the_documented_fields(tiny_checkpoint: Path, tmp_path: Pat
                  "--out", str(out)]) == 0
     r = json.loads(out.read_text())
     for key in ("seq_len", "batch_size", "threads", "precision", "cpu", "rows", "peers", "max_abs_logit_diff",
-                "rss_mb", "overhead"):
+                "rss_mb", "overhead", "overhead_ms"):
         assert key in r
     assert [row["budget"] for row in r["rows"]] == [1.0, 0.75, 0.5, 0.25, 0.1]
     assert set(r["peers"]) == {"hf_eager_ms", "hf_sdpa_ms", "ort_fp32_ms", "ort_int8_ms"}
