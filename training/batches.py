@@ -32,7 +32,7 @@ def tokenize(split: Split, encoder: TextEncoder) -> TokenizedSplit:
 
 def batches(
     data: TokenizedSplit, batch_size: int, device: torch.device, shuffle: bool = False,
-    rng: np.random.Generator | None = None, pad_id: int = 0,
+    rng: np.random.Generator | None = None, pad_id: int = 0, bucket: bool = False,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """(input_ids, attention_mask, labels), each batch padded to its own longest sequence.
 
@@ -41,7 +41,10 @@ def batches(
     """
     n = len(data)
     if shuffle:
-        order = (rng or np.random.default_rng()).permutation(n)
+        rng = rng or np.random.default_rng()
+        order = rng.permutation(n)
+        if bucket:
+            order = _bucketed(data, order, batch_size, rng)
     else:
         order = order_for_eval(data)
     for start in range(0, n, batch_size):
@@ -49,6 +52,17 @@ def batches(
         ids, mask = Encoded([data.ids[i] for i in idx], [False] * len(idx)).padded(pad_id)
         yield (torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device),
                torch.from_numpy(data.labels[idx]).to(device))
+
+
+def _bucketed(data: TokenizedSplit, order: np.ndarray, batch_size: int, rng: np.random.Generator) -> np.ndarray:
+    """Shuffled order whose batches hold texts of similar length: sort within windows of 50 batches, then
+    shuffle the batches. On AG News this cuts padded tokens per step by about half (the quick preset)."""
+    window = batch_size * 50
+    lengths = np.fromiter((len(x) for x in data.ids), dtype=np.int64, count=len(data))
+    chunks = [c[np.argsort(lengths[c], kind="stable")] for c in np.array_split(order, max(1, len(order) // window))]
+    flat = np.concatenate(chunks)
+    groups = [flat[i : i + batch_size] for i in range(0, len(flat), batch_size)]
+    return np.concatenate([groups[i] for i in rng.permutation(len(groups))])
 
 
 def order_for_eval(data: TokenizedSplit) -> np.ndarray:

@@ -118,7 +118,8 @@ def run_stage(
     model.train()
     while step < steps:
         subset = TokenizedSplit(train.ids[:n], train.labels[:n], 0)
-        for ids, mask, y in batches(subset, recipe.batch_size, device, shuffle=True, rng=rng):
+        for ids, mask, y in batches(subset, recipe.batch_size, device, shuffle=True, rng=rng,
+                                    bucket=recipe.length_buckets):
             b = float(rng.uniform(recipe.b_min, 1.0))
             loss = _stage_loss(model, stage, recipe, ids, mask, y, b, teacher)
             opt.zero_grad(set_to_none=True)
