@@ -1,0 +1,95 @@
+"""The FastAPI application factory: routes, error mapping, middleware, and the runtime's lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+import headbudget
+from headbudget.engine.protocol import Engine
+from headbudget.service.errors import ClientGone, error_body, install_error_handlers
+from headbudget.service.metrics import mark_worker_dead
+from headbudget.service.middleware import RequestContextMiddleware
+from headbudget.service.routes import classify, feedback, health, models
+from headbudget.service.runtime import Runtime
+from headbudget.service.settings import ServeSettings, ServiceConfig, load_config
+from headbudget.service.state import StateStore
+
+log = logging.getLogger("headbudget.service")
+
+
+def _install_sighup(runtime: Runtime) -> None:
+    """Reload the config on SIGHUP (main thread of a process with a running loop only)."""
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, runtime.reload)
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or not POSIX
+        log.debug("SIGHUP reload not available in this process")
+
+
+def create_app(config: ServiceConfig, engine_factory: Callable[[], Engine], *, config_path: Path | None = None,
+               extra_key_hashes: dict[str, str] | None = None, state: StateStore | None = None) -> FastAPI:
+    """A ready-to-serve app; the engine is loaded and warmed up during start-up, closed at shutdown."""
+    runtime = Runtime(config, engine_factory, config_path=config_path, extra_key_hashes=extra_key_hashes,
+                      state=state)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await runtime.start()
+        _install_sighup(runtime)
+        log.info("ready", extra={"model": runtime.info.name if runtime.info else None, "pid": os.getpid(),
+                                 "state": runtime.state.kind})
+        try:
+            yield
+        finally:
+            log.info("shutting down: finishing queued requests")
+            await runtime.stop()
+            mark_worker_dead(os.getpid())
+
+    app = FastAPI(title="headbudget", version=headbudget.__version__, lifespan=lifespan,
+                  description="Text classification where each request chooses how much attention compute its "
+                              "answer gets (a budget in [0.1, 1]).")
+    app.state.runtime = runtime
+    install_error_handlers(app)
+
+    @app.exception_handler(ClientGone)
+    async def _gone(request: Request, _: ClientGone) -> JSONResponse:
+        request.state.error_code = "client_closed_request"
+        return JSONResponse(error_body("client_closed_request", "the client went away"), status_code=499)
+
+    for router in (classify.router, feedback.router, models.router, health.router):
+        app.include_router(router)
+    app.add_middleware(RequestContextMiddleware, metrics=runtime.metrics,
+                       max_body_bytes=config.server.max_body_bytes)
+    return app
+
+
+def default_engine_factory(settings: ServeSettings) -> Callable[[], Engine]:
+    """Loads the checkpoint with the engine's factory (imported lazily: the one start-up call into it)."""
+
+    def factory() -> Engine:
+        from headbudget.engine.factory import load_engine
+
+        engine: Engine = load_engine(settings.model_dir, settings.engine_options())
+        return engine
+
+    return factory
+
+
+def app_from_env() -> FastAPI:
+    """uvicorn's factory for `headbudget serve`: settings from HEADBUDGET_SERVE, config from its file."""
+    from headbudget.service.logs import configure_logging
+
+    configure_logging()
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the loop's handler is installed at start-up
+    settings = ServeSettings.from_env()
+    config = load_config(settings.config_path)
+    return create_app(config, default_engine_factory(settings), config_path=settings.config_path,
+                      extra_key_hashes=settings.extra_key_hashes)

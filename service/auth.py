@@ -1,0 +1,101 @@
+"""API keys and tiers: key generation and hashing, who a request is, and its rate limit."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from headbudget.service.errors import Forbidden, RateLimited, Unauthorized, Unavailable
+from headbudget.service.metrics import Metrics
+from headbudget.service.settings import ServiceConfig, StateConfig, TierConfig
+from headbudget.service.state import StateStore, StateUnavailable
+
+KEY_PREFIX = "hb_"
+
+
+def new_key() -> str:
+    """A fresh random API key (shown once, stored only as its hash)."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_key(key: str) -> str:
+    """The SHA-256 hex digest a key is stored as."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def append_key(config_path: Path, tier: str, name: str = "") -> str:
+    """Create a key for ``tier``, append its hash to the TOML file, and return the key (the only copy)."""
+    key = new_key()
+    text = config_path.read_text(encoding="utf-8") if config_path.exists() else ""
+    entry = f'\n[[keys]]\nsha256 = "{hash_key(key)}"\ntier = "{tier}"\n'
+    if name:
+        entry += f"name = {_toml_string(name)}\n"
+    config_path.write_text(text.rstrip("\n") + "\n" + entry, encoding="utf-8")
+    return key
+
+
+def _toml_string(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request: the tier, a stable id for limits and feedback (never the key), a log label."""
+
+    tier: TierConfig
+    owner: str
+    name: str
+
+
+def presented_key(x_api_key: str | None, authorization: str | None) -> str | None:
+    """The key from ``X-API-Key`` or ``Authorization: Bearer``; None when neither is given."""
+    if x_api_key:
+        return x_api_key.strip()
+    if authorization:
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Unauthorized("the Authorization header must be 'Bearer <key>'")
+        return token.strip()
+    return None
+
+
+def identify(config: ServiceConfig, extra_hashes: dict[str, str], key: str | None, client: str) -> Caller:
+    """The caller a key belongs to; 401 for no key (unless an anonymous tier is configured) or a wrong one."""
+    if key is None:
+        anon = config.development.anonymous_tier
+        if anon is None:
+            raise Unauthorized("an API key is required (X-API-Key or Authorization: Bearer)")
+        return Caller(config.tier(anon), f"anon:{client}", "anonymous")
+    digest = hash_key(key)
+    for entry in config.keys:
+        if secrets.compare_digest(entry.sha256, digest):
+            return Caller(config.tier(entry.tier), digest[:16], entry.name or digest[:8])
+    tier = extra_hashes.get(digest)
+    if tier is not None and tier in config.tiers:
+        return Caller(config.tier(tier), digest[:16], "dev")
+    raise Unauthorized("unknown API key")
+
+
+def check_budget(tier: TierConfig, budget: float) -> None:
+    """403 when an explicit budget is above the tier's maximum."""
+    if budget > tier.max_budget + 1e-9:
+        raise Forbidden(f"budget {budget:g} is above the maximum of tier {tier.name!r}: {tier.max_budget:g}")
+
+
+async def enforce_rate(state: StateStore, state_cfg: StateConfig, metrics: Metrics, caller: Caller) -> None:
+    """429 with Retry-After over the tier's rate; when the store is down, fail open or closed as configured."""
+    try:
+        decision = await state.hit(caller.owner, caller.tier.rate_limit, caller.tier.burst)
+    except StateUnavailable:
+        metrics.state_errors.labels(operation="rate_limit").inc()
+        metrics.set_state_up(False)
+        if state_cfg.on_error == "closed":
+            raise Unavailable("rate limits cannot be checked (state store unavailable)", retry_after_s=1) from None
+        return
+    metrics.set_state_up(True)
+    if not decision.allowed:
+        raise RateLimited(f"rate limit of tier {caller.tier.name!r} exceeded "
+                          f"({caller.tier.rate_limit:g}/min, burst {caller.tier.burst})",
+                          retry_after_s=decision.retry_after_s)

@@ -1,0 +1,271 @@
+"""The queue in front of the model: admission, tier priority, degrade-by-compute and micro-batching.
+
+The event loop only enqueues and awaits; one dedicated thread owns the engine (it loads, warms up, runs and
+closes it), takes the highest-priority waiting request, waits up to ``max_wait_ms`` for others that share
+its head mask, and runs them as one batch. Budgets are chosen at dispatch (see ``planner.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from headbudget.engine.errors import EngineError
+from headbudget.engine.protocol import Engine
+from headbudget.engine.types import ModelInfo, Prediction
+from headbudget.service.errors import Overloaded
+from headbudget.service.latency import LatencyModel
+from headbudget.service.metrics import Metrics
+from headbudget.service.planner import Planner
+from headbudget.service.settings import ServerConfig, TierConfig
+
+log = logging.getLogger("headbudget.service")
+_seq = itertools.count()
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """What the engine answered for one request."""
+
+    predictions: list[Prediction]
+    budget_requested: float
+    budget_applied: float
+    heads_active: int
+    heads_total: int
+    latency_s: float  # forward pass of the batch
+    queue_s: float  # wait before the batch started
+    degraded: bool
+
+
+@dataclass(eq=False)
+class Job:
+    """One request waiting for the model."""
+
+    texts: list[str]
+    tier: TierConfig
+    budget: float | None  # requested budget; None when the budget follows from max_latency_ms
+    max_latency_ms: float | None
+    tokens: int  # padded tokens (estimated until counted)
+    future: asyncio.Future[JobResult]
+    loop: asyncio.AbstractEventLoop
+    enqueued: float = field(default_factory=time.monotonic)
+    seq: int = field(default_factory=lambda: next(_seq))
+    cancelled: bool = False
+    counted: bool = False  # tokens exact (counted by the engine)
+    cost_cache: dict[float, float] = field(default_factory=dict)
+
+    def order(self) -> tuple[int, int]:
+        """Sort key of the service order: priority first, then arrival."""
+        return (-self.tier.priority, self.seq)
+
+
+class Batcher:
+    """Owns the engine thread and the queue; every method except the worker runs on the event loop."""
+
+    def __init__(self, engine_factory: Callable[[], Engine], server: ServerConfig, metrics: Metrics) -> None:
+        self._factory = engine_factory
+        self.server = server
+        self._metrics = metrics
+        self._cond = threading.Condition()
+        self._pending: list[Job] = []
+        self._stopping = False
+        self._running_until = 0.0  # monotonic estimate of when the running batch ends
+        self._thread = threading.Thread(target=self._run, name="headbudget-engine", daemon=True)
+        self._started = threading.Event()
+        self._start_error: BaseException | None = None
+        self.engine: Engine | None = None
+        self.latency: LatencyModel | None = None
+        self.planner: Planner | None = None
+        self.ready = False
+
+    # -- lifecycle (event loop) -------------------------------------------------------------------------
+    async def start(self) -> ModelInfo:
+        """Load and warm up the engine in its thread; raises what loading raised."""
+        self._thread.start()
+        await asyncio.get_running_loop().run_in_executor(None, self._started.wait)
+        if self._start_error is not None:
+            raise self._start_error
+        assert self.engine is not None
+        return self.engine.info
+
+    async def stop(self) -> None:
+        """Answer everything queued, then close the engine and end the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+
+    @property
+    def depth(self) -> int:
+        """Requests waiting."""
+        return len(self._pending)
+
+    # -- admission (event loop) -------------------------------------------------------------------------
+    def submit(self, texts: list[str], tier: TierConfig, budget: float | None,
+               max_latency_ms: float | None) -> Job:
+        """Queue a request or raise Overloaded (503 with Retry-After) when it cannot be served in time."""
+        assert self.latency is not None and self.planner is not None
+        loop = asyncio.get_running_loop()
+        job = Job(texts, tier, budget, max_latency_ms, self.latency.estimate_tokens(texts), loop.create_future(),
+                  loop)
+        with self._cond:
+            if self._stopping:
+                raise Overloaded("the server is shutting down", retry_after_s=1)
+            pending = list(self._pending)
+            if len(pending) >= self.server.queue_size:
+                raise Overloaded("the queue is full", retry_after_s=self._drain_s(pending))
+            if sum(1 for j in pending if j.tier.name == tier.name) >= tier.max_queue:
+                raise Overloaded(f"the queue of tier {tier.name!r} is full", retry_after_s=self._drain_s(pending))
+            if tier.degrades:
+                wait_s = self._running_left() + self.planner.wait_at_floor_s(pending, job)
+                own_s = self.planner.cost_s(job, tier.floor_budget)
+                assert tier.latency_target_ms is not None
+                if wait_s > 0 and (wait_s + own_s) * 1000 > tier.latency_target_ms:
+                    raise Overloaded(
+                        f"even min_budget {tier.floor_budget} cannot meet tier {tier.name!r}'s latency target of "
+                        f"{tier.latency_target_ms:g} ms now", retry_after_s=wait_s)
+            self._pending.append(job)
+            self._metrics.queue_depth.set(len(self._pending))
+            self._cond.notify_all()
+        return job
+
+    def cancel(self, job: Job) -> None:
+        """Drop a job whose client went away (a running batch still finishes; its answer is discarded)."""
+        with self._cond:
+            job.cancelled = True
+            if job in self._pending:
+                self._pending.remove(job)
+                self._metrics.queue_depth.set(len(self._pending))
+
+    def _running_left(self) -> float:
+        return max(0.0, self._running_until - time.monotonic())
+
+    def _drain_s(self, pending: list[Job]) -> float:
+        assert self.planner is not None
+        return self._running_left() + sum(self.planner.cost_s(j, j.budget or j.tier.default_budget)
+                                          for j in pending)
+
+    # -- the engine thread ------------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            engine = self._factory()
+            engine.warmup()
+            self.engine = engine
+            self.latency = LatencyModel(engine.info.bench, engine.info.max_length)
+            self.planner = Planner(engine, self.latency)
+            self.ready = True
+        except BaseException as e:  # noqa: BLE001 - handed to start() and raised there
+            self._start_error = e
+            return
+        finally:
+            self._started.set()
+        try:
+            while self._serve_one_batch():
+                pass
+        finally:
+            self.ready = False
+            engine.close()
+
+    def _serve_one_batch(self) -> bool:
+        """Wait for work, run one batch; False once stopping and nothing is left."""
+        assert self.engine is not None and self.planner is not None
+        with self._cond:
+            while not self._pending and not self._stopping:
+                self._cond.wait()
+            if not self._pending:
+                return False
+            head = min(self._pending, key=Job.order)
+            window_end = head.enqueued + self.server.max_wait_ms / 1000.0
+            while not self._stopping and time.monotonic() < window_end and \
+                    sum(len(j.texts) for j in self._pending) < self.server.max_batch_size:
+                self._cond.wait(max(0.0, window_end - time.monotonic()))
+            self._expire_locked()
+            snapshot = sorted(self._pending, key=Job.order)
+        if not snapshot:
+            return True
+        self._count_tokens(snapshot)
+        batch, applied, wants = self.planner.plan(snapshot, time.monotonic(), self.server.max_batch_size)
+        budget = applied[batch[0].seq]
+        with self._cond:
+            batch = [j for j in batch if not j.cancelled and j in self._pending]
+            for j in batch:
+                self._pending.remove(j)
+            self._metrics.queue_depth.set(len(self._pending))
+            if batch:
+                self._running_until = time.monotonic() + sum(self.planner.cost_s(j, budget) for j in batch)
+        if batch:
+            self._run_batch(batch, budget, applied, wants)
+        return True
+
+    def _expire_locked(self) -> None:
+        now = time.monotonic()
+        for job in [j for j in self._pending if now - j.enqueued > self.server.request_timeout_s]:
+            self._pending.remove(job)
+            _deliver(job, Overloaded("timed out waiting for the model", retry_after_s=1))
+        self._metrics.queue_depth.set(len(self._pending))
+
+    def _count_tokens(self, jobs: list[Job]) -> None:
+        """Exact token counts for the requests whose budget depends on their length."""
+        assert self.engine is not None
+        for job in jobs:
+            if job.max_latency_ms is not None and not job.counted:
+                counts = self.engine.count_tokens(job.texts)
+                job.tokens = len(job.texts) * max(n for n, _ in counts)
+                job.counted = True
+                job.cost_cache.clear()
+
+    def _run_batch(self, batch: list[Job], budget: float, applied: dict[int, float],
+                   wants: dict[int, float]) -> None:
+        assert self.engine is not None and self.latency is not None
+        texts = [t for j in batch for t in j.texts]
+        started = time.monotonic()
+        try:
+            result = self.engine.predict(texts, budget)
+        except EngineError as e:
+            for job in batch:
+                _deliver(job, e)
+            return
+        except Exception as e:  # noqa: BLE001 - a bug must fail these requests, not the thread
+            log.exception("engine failed on a batch")
+            for job in batch:
+                _deliver(job, e)
+            return
+        wall = time.monotonic() - started
+        longest = max((p.n_tokens for p in result.predictions), default=1)
+        self.latency.observe(budget, len(texts) * longest, wall * 1000)
+        for text, pred in zip(texts, result.predictions, strict=True):
+            if not pred.truncated:
+                self.latency.observe_text(len(text), pred.n_tokens)
+        self._metrics.observe_batch(budget, wall, len(texts))
+        offset = 0
+        for job in batch:
+            preds = result.predictions[offset:offset + len(job.texts)]
+            offset += len(job.texts)
+            want, mine = wants[job.seq], applied[job.seq]
+            _deliver(job, JobResult(
+                predictions=preds, budget_requested=want, budget_applied=mine,
+                heads_active=result.heads_active, heads_total=result.heads_total, latency_s=result.latency_s,
+                queue_s=started - job.enqueued, degraded=mine < want))
+
+
+def _deliver(job: Job, outcome: JobResult | BaseException) -> None:
+    """Hand a result or error to the waiting coroutine, from any thread."""
+
+    def _set() -> None:
+        if job.future.done():
+            return
+        if isinstance(outcome, BaseException):
+            job.future.set_exception(outcome)
+        else:
+            job.future.set_result(outcome)
+
+    try:
+        job.loop.call_soon_threadsafe(_set)
+    except RuntimeError:  # the loop is closed: nobody is waiting any more
+        pass

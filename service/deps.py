@@ -1,0 +1,40 @@
+"""FastAPI dependencies as ``Annotated`` aliases: the runtime and the authenticated, rate-limited caller."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+
+from headbudget.service.auth import Caller, enforce_rate, identify, presented_key
+from headbudget.service.runtime import Runtime
+
+# Declared for the OpenAPI document; the raw headers are parsed in ``get_caller`` (a bad scheme is a 401).
+_api_key = APIKeyHeader(name="X-API-Key", auto_error=False, description="An API key")
+_bearer = HTTPBearer(auto_error=False, description="The same key as a bearer token")
+
+
+def get_runtime(request: Request) -> Runtime:
+    """The process's runtime."""
+    runtime: Runtime = request.app.state.runtime
+    return runtime
+
+
+RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+
+
+async def get_caller(request: Request, runtime: RuntimeDep,
+                     _key: Annotated[str | None, Depends(_api_key)] = None,
+                     _token: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)] = None) -> Caller:
+    """Authenticate (401), note the tier for logs and metrics, and apply the rate limit (429)."""
+    key = presented_key(request.headers.get("x-api-key"), request.headers.get("authorization"))
+    client = request.client.host if request.client else "unknown"
+    caller = identify(runtime.config, runtime.extra_key_hashes, key, client)
+    request.state.tier = caller.tier.name
+    request.state.key_name = caller.name
+    await enforce_rate(runtime.state, runtime.config.state, runtime.metrics, caller)
+    return caller
+
+
+CallerDep = Annotated[Caller, Depends(get_caller)]

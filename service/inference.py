@@ -1,0 +1,127 @@
+"""/classify between HTTP and the queue: choose the budget, queue the texts, wait (or drop if the client
+leaves), shape the answer, remember it for feedback."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+
+from headbudget.service.auth import Caller, check_budget
+from headbudget.service.batching import JobResult
+from headbudget.service.errors import BadRequest, ClientGone, InvalidRequest, Unavailable
+from headbudget.service.runtime import Runtime
+from headbudget.service.schemas import BudgetSource, ClassifyRequest, ClassifyResponse, ModelRef, TextResult
+from headbudget.service.state import AnswerRecord, StateUnavailable
+
+log = logging.getLogger("headbudget.service")
+
+
+@dataclass(frozen=True)
+class BudgetChoice:
+    """What the request asked for: an explicit budget, a latency limit, or the tier default."""
+
+    budget: float | None
+    max_latency_ms: float | None
+    source: BudgetSource
+
+
+def choose_budget(body: ClassifyRequest, query_budget: float | str | None, query_latency: float | None,
+                  caller: Caller, supports_auto: bool) -> BudgetChoice:
+    """Merge query and body, check the tier's maximum (403), and reject auto where unsupported (400)."""
+    if query_budget is not None and body.budget is not None:
+        raise InvalidRequest("give budget in the query or in the body, not both")
+    if query_latency is not None and body.max_latency_ms is not None:
+        raise InvalidRequest("give max_latency_ms in the query or in the body, not both")
+    budget = query_budget if query_budget is not None else body.budget
+    latency = query_latency if query_latency is not None else body.max_latency_ms
+    if budget is not None and latency is not None:
+        raise InvalidRequest("give budget or max_latency_ms, not both")
+    if budget == "auto":
+        if not supports_auto:
+            raise BadRequest("budget=auto needs a checkpoint that predicts its own budget; this one does not")
+        raise BadRequest("budget=auto is not served by this server version yet")  # the place for auto
+    if isinstance(budget, str):
+        raise InvalidRequest(f"budget must be a number in [0.1, 1] or 'auto', got {budget!r}")
+    if budget is not None:
+        check_budget(caller.tier, budget)
+        return BudgetChoice(budget, None, "request")
+    if latency is not None:
+        return BudgetChoice(None, latency, "max_latency_ms")
+    return BudgetChoice(caller.tier.default_budget, None, "tier_default")
+
+
+async def _wait(request: Request, future: asyncio.Future[JobResult]) -> JobResult:
+    """The job's result; ClientGone as soon as the client disconnects."""
+
+    async def disconnected() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    watcher: asyncio.Future[None] = asyncio.ensure_future(disconnected())
+    waiting: set[asyncio.Future[Any]] = {future, watcher}
+    try:
+        done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if future in done:
+        return future.result()
+    raise ClientGone()
+
+
+async def classify(runtime: Runtime, caller: Caller, body: ClassifyRequest, choice: BudgetChoice,
+                   request: Request) -> ClassifyResponse:
+    """Run one /classify request through the queue and build its answer."""
+    started = time.perf_counter()
+    info = runtime.info
+    if info is None or not runtime.batcher.ready:
+        raise Unavailable("the model is not loaded yet", retry_after_s=5)
+    texts = body.all_texts()
+    job = runtime.batcher.submit(texts, caller.tier, choice.budget, choice.max_latency_ms)
+    try:
+        result = await _wait(request, job.future)
+    except ClientGone:
+        runtime.batcher.cancel(job)
+        raise
+    request_id: str = request.state.request_id
+    results = [TextResult(
+        label=p.label, scores=p.scores, budget_requested=result.budget_requested,
+        budget_applied=result.budget_applied, heads_active=p.cost.heads_active, heads_total=p.cost.heads_total,
+        cost=p.cost.attention_ratio, truncated=p.truncated, n_tokens=p.n_tokens,
+        latency_ms=round(result.latency_s * 1000, 3), degraded=result.degraded) for p in result.predictions]
+    runtime.metrics.observe_answer(
+        caller.tier.name, [(p.cost.attention_ratio, p.cost.attention_macs, p.cost.attention_saved)
+                           for p in result.predictions], result.degraded)
+    await _remember(runtime, request_id, caller, result)
+    _annotate(request, choice, result, len(texts))
+    return ClassifyResponse(
+        model=ModelRef(name=info.name, checksum=info.checksum), request_id=request_id, tier=caller.tier.name,
+        budget_source=choice.source, max_latency_ms=choice.max_latency_ms, degraded=result.degraded,
+        queue_ms=round(result.queue_s * 1000, 3), latency_ms=round((time.perf_counter() - started) * 1000, 3),
+        results=results)
+
+
+async def _remember(runtime: Runtime, request_id: str, caller: Caller, result: JobResult) -> None:
+    record = AnswerRecord(owner=caller.owner, tier=caller.tier.name,
+                          labels=[p.label for p in result.predictions],
+                          budgets=[result.budget_applied] * len(result.predictions))
+    try:
+        await runtime.state.remember(request_id, record)
+    except StateUnavailable as e:  # the answer stands; only feedback on it will not be found
+        runtime.metrics.state_errors.labels(operation="remember").inc()
+        runtime.metrics.set_state_up(False)
+        log.warning("could not store the answer for feedback: %s", e)
+
+
+def _annotate(request: Request, choice: BudgetChoice, result: JobResult, n_texts: int) -> None:
+    """Fields for the access log."""
+    s = request.state
+    s.budget_requested, s.budget_applied = result.budget_requested, result.budget_applied
+    s.budget_source, s.degraded, s.n_texts = choice.source, result.degraded, n_texts
+    s.queue_ms = round(result.queue_s * 1000, 3)

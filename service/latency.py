@@ -1,0 +1,126 @@
+"""Latency estimates per budget and input size: the checkpoint's bench table, rescaled by what the service sees.
+
+The table (bench.json ``rows`` of ``budget``, ``latency_ms`` and the ``seq_len``/``batch_size`` they ran at)
+gives the shape of latency over budgets; every batch the service runs updates a per-budget-bucket
+correction factor (an exponential moving average of observed / estimated), so estimates follow the real
+machine. Without a table a conservative prior is used until observations arrive.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from bisect import bisect_left
+from collections.abc import Sequence
+from typing import Any
+
+from headbudget.service.settings import budget_bucket
+
+DEFAULT_GRID: tuple[float, ...] = tuple(round(0.10 + 0.05 * i, 2) for i in range(19))
+_LATENCY_KEYS = ("latency_ms", "p50_ms", "latency_ms_p50", "median_ms", "mean_ms", "latency_ms_mean")
+_ALPHA = 0.2  # weight of one new observation in the correction factor
+_FIXED_SHARE = 0.2  # share of a single-point measurement treated as fixed per-call overhead
+
+
+def _row_ms(row: dict[str, Any]) -> float | None:
+    for key in _LATENCY_KEYS:
+        v = row.get(key)
+        if isinstance(v, int | float) and math.isfinite(v) and v > 0:
+            return float(v)
+    return None
+
+
+def parse_bench(bench: dict[str, Any] | None) -> dict[float, list[tuple[float, float]]]:
+    """bench.json -> {budget: [(padded tokens per call, ms), ...] sorted by tokens}; unusable rows dropped."""
+    table: dict[float, list[tuple[float, float]]] = {}
+    if not isinstance(bench, dict) or not isinstance(bench.get("rows"), list):
+        return table
+    seq_default, batch_default = bench.get("seq_len", 128), bench.get("batch_size", 1)
+    for row in bench["rows"]:
+        if not isinstance(row, dict) or not isinstance(row.get("budget"), int | float):
+            continue
+        ms = _row_ms(row)
+        seq, batch = row.get("seq_len", seq_default), row.get("batch_size", batch_default)
+        if ms is None or not isinstance(seq, int | float) or not isinstance(batch, int | float):
+            continue
+        table.setdefault(round(float(row["budget"]), 4), []).append((float(seq) * float(batch), ms))
+    return {b: sorted(points) for b, points in sorted(table.items())}
+
+
+def _curve(points: Sequence[tuple[float, float]], tokens: float) -> float:
+    """ms at ``tokens`` from one budget's measured points: linear between them, a fixed share below."""
+    if len(points) == 1:
+        t0, m0 = points[0]
+        return m0 * (_FIXED_SHARE + (1 - _FIXED_SHARE) * tokens / t0)
+    i = min(max(bisect_left([p[0] for p in points], tokens), 1), len(points) - 1)
+    (t0, m0), (t1, m1) = points[i - 1], points[i]
+    slope = max(0.0, (m1 - m0) / (t1 - t0)) if t1 > t0 else 0.0
+    return max(m0 * _FIXED_SHARE, m0 + slope * (tokens - t0))
+
+
+class LatencyModel:
+    """Estimated wall time (ms) of one engine call at a budget on a number of padded tokens."""
+
+    def __init__(self, bench: dict[str, Any] | None, max_length: int) -> None:
+        self._table = parse_bench(bench)
+        self._budgets = sorted(self._table)
+        self.max_length = max_length
+        self._ref_tokens = float(bench.get("seq_len", 128)) if isinstance(bench, dict) else 128.0
+        self._factor: dict[str, float] = {}  # budget bucket -> observed / estimated
+        self._global = 1.0
+        self._chars_per_token = 4.0
+        self._lock = threading.Lock()
+
+    @property
+    def has_table(self) -> bool:
+        """Whether estimates come from a measured table (else from a prior)."""
+        return bool(self._table)
+
+    def grid(self) -> list[float]:
+        """The budgets the service chooses among (table budgets plus the 0.05-step grid)."""
+        return sorted(set(DEFAULT_GRID) | set(self._budgets))
+
+    def _base_ms(self, budget: float, tokens: float) -> float:
+        if not self._table:  # prior: about 20 us per token at full budget on one core, plus 0.5 ms per call
+            return 0.5 + tokens * 0.02 * (0.3 + 0.7 * budget)
+        bs = self._budgets
+        if budget <= bs[0] or len(bs) == 1:
+            return _curve(self._table[bs[0]], tokens) * math.sqrt(budget / bs[0] if budget < bs[0] else 1.0)
+        if budget >= bs[-1]:
+            return _curve(self._table[bs[-1]], tokens)
+        i = bisect_left(bs, budget)
+        b0, b1 = bs[i - 1], bs[i]
+        w = (budget - b0) / (b1 - b0)
+        return (1 - w) * _curve(self._table[b0], tokens) + w * _curve(self._table[b1], tokens)
+
+    def estimate_ms(self, budget: float, tokens: float) -> float:
+        """Estimated ms of one call at ``budget`` on ``tokens`` padded tokens (batch x longest)."""
+        factor = self._factor.get(budget_bucket(budget), self._global)
+        return self._base_ms(budget, max(1.0, tokens)) * factor
+
+    def observe(self, budget: float, tokens: float, ms: float) -> None:
+        """Fold one measured call into the correction factors."""
+        base = self._base_ms(budget, max(1.0, tokens))
+        if base <= 0 or not math.isfinite(ms) or ms <= 0:
+            return
+        ratio = min(20.0, max(0.05, ms / base))
+        label = budget_bucket(budget)
+        with self._lock:
+            old = self._factor.get(label)
+            self._factor[label] = ratio if old is None else (1 - _ALPHA) * old + _ALPHA * ratio
+            self._global = (1 - _ALPHA) * self._global + _ALPHA * ratio
+
+    def observe_text(self, chars: int, tokens: int) -> None:
+        """Learn how many characters make a token, for estimates before tokenization."""
+        if chars > 0 and tokens > 2:
+            self._chars_per_token = 0.95 * self._chars_per_token + 0.05 * (chars / (tokens - 2))
+
+    def estimate_tokens(self, texts: Sequence[str]) -> int:
+        """Padded tokens of a batch of ``texts`` (count x longest), estimated from their length in characters."""
+        longest = max((len(t) for t in texts), default=0)
+        per_text = min(self.max_length, math.ceil(longest / self._chars_per_token) + 2)
+        return len(texts) * per_text
+
+    def table_points(self) -> dict[float, float]:
+        """Estimated ms per table budget at the table's reference input, with the corrections applied."""
+        return {b: round(self.estimate_ms(b, self._ref_tokens), 3) for b in self._budgets}

@@ -1,0 +1,133 @@
+"""Every Prometheus metric of the service, its labels and its buckets, declared in this one file.
+
+Labels are tiers (never keys), HTTP status codes, and budgets bucketed to 0.1 steps. With several uvicorn
+workers, set PROMETHEUS_MULTIPROC_DIR (``headbudget serve`` does): values then live in shared files and
+``render`` aggregates them across workers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client import multiprocess as prom_mp
+
+from headbudget.service.settings import budget_bucket
+
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                     10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+RATIO_BUCKETS = tuple(round(0.1 * i, 1) for i in range(1, 11))
+
+
+def multiprocess_dir() -> str | None:
+    """The prometheus-client multiprocess folder, when several workers share metrics."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+class Metrics:
+    """The service's metrics; one instance per app, registered in its own registry."""
+
+    def __init__(self, latency_targets_s: Iterable[float] = ()) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        request_buckets = tuple(sorted(set(LATENCY_BUCKETS_S) | {round(t, 6) for t in latency_targets_s}))
+        self.requests = Counter("headbudget_requests_total", "API requests answered, by tier and HTTP status.",
+                                ["tier", "status"], registry=r)
+        self.request_duration = Histogram(
+            "headbudget_request_duration_seconds", "Time from arrival to answer inside the server, by tier.",
+            ["tier"], buckets=request_buckets, registry=r)
+        self.inference_duration = Histogram(
+            "headbudget_inference_duration_seconds", "Wall time of one batched forward pass, by budget bucket.",
+            ["budget"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.batch_size = Histogram("headbudget_batch_size", "Texts per forward pass.", buckets=BATCH_BUCKETS,
+                                    registry=r)
+        self.queue_depth = Gauge("headbudget_queue_depth", "Requests waiting for the model.", registry=r,
+                                 multiprocess_mode="livesum")
+        self.cost_ratio = Histogram(
+            "headbudget_attention_cost_ratio", "Fraction of dense attention multiply-adds spent per text, by tier.",
+            ["tier"], buckets=RATIO_BUCKETS, registry=r)
+        self.macs = Counter("headbudget_attention_macs_total", "Attention multiply-adds spent, by tier.",
+                            ["tier"], registry=r)
+        self.macs_saved = Counter("headbudget_attention_macs_saved_total",
+                                  "Attention multiply-adds saved against the dense model, by tier.", ["tier"],
+                                  registry=r)
+        self.feedback = Counter("headbudget_feedback_total", "Feedback received, by budget bucket and outcome.",
+                                ["budget", "correct"], registry=r)
+        self.online_accuracy = Gauge(
+            "headbudget_online_accuracy", "Accuracy over the recent feedback window, by budget bucket.",
+            ["budget"], registry=r, multiprocess_mode="mostrecent")
+        self.offline_accuracy = Gauge(
+            "headbudget_offline_accuracy", "Accuracy measured offline (sweep.json), by budget bucket.",
+            ["budget"], registry=r, multiprocess_mode="mostrecent")
+        self.degraded = Counter("headbudget_degraded_total",
+                                "Requests run below their budget to meet the tier's latency target, by tier.",
+                                ["tier"], registry=r)
+        self.state_up = Gauge("headbudget_state_backend_up",
+                              "1 when the shared state store (Redis or memory) answers, else 0.", registry=r,
+                              multiprocess_mode="livemin")
+        self.state_errors = Counter("headbudget_state_errors_total",
+                                    "Failed shared-state operations, by operation.", ["operation"], registry=r)
+        self.state_up.set(1)
+
+    def observe_request(self, tier: str, status: int, seconds: float) -> None:
+        """One API request answered."""
+        self.requests.labels(tier=tier, status=str(status)).inc()
+        self.request_duration.labels(tier=tier).observe(seconds)
+
+    def observe_batch(self, budget: float, seconds: float, size: int) -> None:
+        """One forward pass."""
+        self.inference_duration.labels(budget=budget_bucket(budget)).observe(seconds)
+        self.batch_size.observe(size)
+
+    def observe_answer(self, tier: str, costs: Iterable[tuple[float, int, int]], degraded: bool) -> None:
+        """One classify answer: per text (cost ratio, attention MACs, MACs saved); whether it was degraded."""
+        for ratio, macs, saved in costs:
+            self.cost_ratio.labels(tier=tier).observe(ratio)
+            self.macs.labels(tier=tier).inc(macs)
+            self.macs_saved.labels(tier=tier).inc(saved)
+        if degraded:
+            self.degraded.labels(tier=tier).inc()
+
+    def observe_feedback(self, budget_label: str, correct: bool, accuracy: float | None) -> None:
+        """One feedback outcome and, when known, the budget's new rolling accuracy."""
+        self.feedback.labels(budget=budget_label, correct=str(correct).lower()).inc()
+        if accuracy is not None:
+            self.online_accuracy.labels(budget=budget_label).set(accuracy)
+
+    def set_state_up(self, up: bool) -> None:
+        """Whether the shared-state backend answers."""
+        self.state_up.set(1 if up else 0)
+
+    def set_offline_accuracy(self, points: Iterable[tuple[float, float]]) -> None:
+        """Publish sweep.json's (budget, accuracy) points; the grid point nearest each 0.1 step wins."""
+        best: dict[str, tuple[float, float]] = {}
+        for budget, acc in points:
+            label = budget_bucket(budget)
+            dist = abs(budget - float(label))
+            if label not in best or dist < best[label][0]:
+                best[label] = (dist, acc)
+        for label, (_, acc) in best.items():
+            self.offline_accuracy.labels(budget=label).set(acc)
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text (aggregated over workers in multiprocess mode) and its content type."""
+        if multiprocess_dir():
+            registry = CollectorRegistry()
+            prom_mp.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+            return generate_latest(registry), CONTENT_TYPE_LATEST
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def mark_worker_dead(pid: int) -> None:
+    """Drop a finished worker's live gauges from the multiprocess files."""
+    if multiprocess_dir():
+        prom_mp.mark_process_dead(pid)  # type: ignore[no-untyped-call]

@@ -1,0 +1,104 @@
+"""The outermost ASGI layer: request ids, the body size limit, request metrics and the access log."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from headbudget.service.errors import error_body
+from headbudget.service.logs import log_access
+from headbudget.service.metrics import Metrics
+
+_QUIET = frozenset({"/healthz", "/readyz", "/metrics"})
+_UNCOUNTED = _QUIET | {"/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"}
+_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class RequestContextMiddleware:
+    """Gives each request an id (X-Request-ID, kept when the client sends a sane one), enforces the body limit
+    (413), and records metrics and one JSON access line per request. Never sees or logs a key."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, max_body_bytes: int) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        given = headers.get("x-request-id", "")
+        request_id = given if _ID_RE.match(given) else uuid.uuid4().hex
+        state: dict[str, Any] = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        status = [500]
+        response_started = [False]
+
+        async def send_wrapped(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                response_started[0] = True
+                status[0] = message["status"]
+                message.setdefault("headers", [])
+                message["headers"] = [*message["headers"], (b"x-request-id", request_id.encode())]
+            await send(message)
+
+        received = [0]
+
+        async def receive_limited() -> Message:
+            message = await receive()
+            if message["type"] == "http.request":
+                received[0] += len(message.get("body", b""))
+                if received[0] > self.max_body_bytes:
+                    raise _TooLarge()
+            return message
+
+        try:
+            declared = int(headers.get("content-length", "0") or 0)
+        except ValueError:
+            declared = 0
+        try:
+            if declared > self.max_body_bytes:
+                raise _TooLarge()
+            await self.app(scope, receive_limited, send_wrapped)
+        except _TooLarge:
+            if response_started[0]:
+                raise
+            await self._send_413(send_wrapped)
+        finally:
+            self._record(scope, state, status[0], time.perf_counter() - started)
+
+    async def _send_413(self, send: Send) -> None:
+        body = json.dumps(error_body("payload_too_large",
+                                     f"the request body is over {self.max_body_bytes} bytes")).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
+
+    def _record(self, scope: Scope, state: dict[str, Any], status: int, seconds: float) -> None:
+        path = scope.get("path", "")
+        tier = str(state.get("tier", "none"))
+        if path not in _UNCOUNTED:
+            self.metrics.observe_request(tier, status, seconds)
+        client = scope.get("client")
+        fields: dict[str, Any] = {
+            "request_id": state.get("request_id"), "method": scope.get("method"), "path": path,
+            "status": status, "tier": tier, "key_name": state.get("key_name"),
+            "latency_ms": round(seconds * 1000, 3), "client": client[0] if client else None,
+        }
+        for extra in ("budget_requested", "budget_applied", "budget_source", "degraded", "n_texts", "queue_ms",
+                      "error_code"):
+            if extra in state:
+                fields[extra] = state[extra]
+        log_access(fields, quiet=path in _QUIET)

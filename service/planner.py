@@ -1,0 +1,106 @@
+"""Which budget each waiting request runs at, and which requests share the next batch.
+
+At every dispatch the planner (1) resolves each request's wanted budget (its own, or for ``max_latency_ms``
+the highest grid budget whose estimated latency for its input fits the time left), then (2) finds the highest
+*degrade level* L such that, serving the queue in order with every degrading tier's requests capped at
+max(L, min_budget), each of them still meets its tier's latency target; L = the lowest grid budget when none
+does. Lowering the queue's budgets shortens every later request's wait: that is how load is shed by
+compute before it is refused. (3) The head request and the following ones with the same mask key form the
+batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from headbudget.engine.protocol import Engine
+from headbudget.service.latency import LatencyModel
+
+if TYPE_CHECKING:
+    from headbudget.service.batching import Job
+
+
+class Planner:
+    """Budget choices over the queue; runs on the engine thread (and, read-only, at admission)."""
+
+    def __init__(self, engine: Engine, latency: LatencyModel) -> None:
+        self._engine = engine
+        self._latency = latency
+        self.grid = latency.grid()
+
+    def cost_s(self, job: Job, budget: float) -> float:
+        """Estimated seconds to run ``job`` alone at ``budget``."""
+        cached = job.cost_cache.get(budget)
+        if cached is None:
+            cached = job.cost_cache[budget] = self._latency.estimate_ms(budget, job.tokens) / 1000.0
+        return cached
+
+    def want(self, job: Job, now: float) -> float:
+        """The budget a request asks for, before any degradation."""
+        if job.budget is not None:
+            return job.budget
+        assert job.max_latency_ms is not None
+        left_s = job.max_latency_ms / 1000.0 - (now - job.enqueued)
+        allowed = [b for b in self.grid if b <= job.tier.max_budget + 1e-9] or [self.grid[0]]
+        fitting = [b for b in allowed if self.cost_s(job, b) <= left_s]
+        return fitting[-1] if fitting else allowed[0]
+
+    def wait_at_floor_s(self, pending: Sequence[Job], job: Job) -> float:
+        """Seconds of work queued ahead of ``job`` if every degrading request ran at its tier's minimum."""
+        total = 0.0
+        for other in pending:
+            if other.order() < job.order():
+                floor = other.tier.floor_budget if other.tier.degrades else None
+                want = other.budget if other.budget is not None else other.tier.default_budget
+                total += self.cost_s(other, min(want, floor) if floor is not None else want)
+        return total
+
+    def _effective(self, job: Job, want: float, level: float | None) -> float:
+        if level is None or not job.tier.degrades:
+            return want
+        budget = min(want, max(level, job.tier.floor_budget))
+        return want if self._engine.mask_key(budget) == self._engine.mask_key(want) else budget
+
+    def _meets_targets(self, jobs: Sequence[Job], wants: dict[int, float], level: float, now: float) -> bool:
+        elapsed = 0.0
+        for job in jobs:
+            elapsed += self.cost_s(job, self._effective(job, wants[job.seq], level))
+            target = job.tier.latency_target_ms
+            if target is not None and (now - job.enqueued + elapsed) * 1000.0 > target:
+                return False
+        return True
+
+    def degrade_level(self, jobs: Sequence[Job], wants: dict[int, float], now: float) -> float | None:
+        """The highest grid budget that lets every degrading request meet its target (None: no cap)."""
+        if not any(j.tier.degrades for j in jobs):
+            return None
+        if self._meets_targets(jobs, wants, 1.0, now):
+            return None
+        lo, hi = 0, len(self.grid) - 1  # invariant: grid[hi] fails; find the highest index that passes
+        if not self._meets_targets(jobs, wants, self.grid[0], now):
+            return self.grid[0]
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self._meets_targets(jobs, wants, self.grid[mid], now):
+                lo = mid
+            else:
+                hi = mid
+        return self.grid[lo]
+
+    def plan(self, jobs: Sequence[Job], now: float, max_batch: int
+             ) -> tuple[list[Job], dict[int, float], dict[int, float]]:
+        """(the next batch, applied budget per job seq, wanted budget per job seq); ``jobs`` in service order."""
+        wants = {j.seq: self.want(j, now) for j in jobs}
+        level = self.degrade_level(jobs, wants, now)
+        applied = {j.seq: self._effective(j, wants[j.seq], level) for j in jobs}
+        head = jobs[0]
+        key = self._engine.mask_key(applied[head.seq])
+        batch, n_texts = [head], len(head.texts)
+        for job in jobs[1:]:
+            if n_texts + len(job.texts) > max_batch:
+                continue
+            if self._engine.mask_key(applied[job.seq]) == key:
+                batch.append(job)
+                n_texts += len(job.texts)
+        return batch, applied, wants

@@ -1,0 +1,27 @@
+"""POST /classify."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+
+from headbudget.service.deps import CallerDep, RuntimeDep
+from headbudget.service.inference import choose_budget, classify
+from headbudget.service.routes import error_responses
+from headbudget.service.schemas import BudgetParam, ClassifyRequest, ClassifyResponse, LatencyLimit
+
+router = APIRouter(tags=["inference"])
+
+
+@router.post("/classify", response_model=ClassifyResponse,
+             responses=error_responses(400, 401, 403, 413, 415, 422, 429, 503))
+async def classify_texts(
+    body: ClassifyRequest, request: Request, runtime: RuntimeDep, caller: CallerDep,
+    budget: Annotated[BudgetParam | None, Query(description="Budget in [0.1, 1] (or in the body)")] = None,
+    max_latency_ms: Annotated[LatencyLimit | None, Query(description="Latency limit instead of a budget")] = None,
+) -> ClassifyResponse:
+    """Classify one text or up to 64, running only the attention heads the budget buys."""
+    supports_auto = runtime.info.supports_auto if runtime.info else False
+    choice = choose_budget(body, budget, max_latency_ms, caller, supports_auto)
+    return await classify(runtime, caller, body, choice, request)

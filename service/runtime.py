@@ -1,0 +1,92 @@
+"""What one server process holds while it runs: config (reloadable), engine queue, state store, metrics."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from headbudget.engine.protocol import Engine
+from headbudget.engine.types import ModelInfo
+from headbudget.service.batching import Batcher
+from headbudget.service.metrics import Metrics
+from headbudget.service.settings import ConfigError, ServiceConfig, load_config
+from headbudget.service.state import StateStore, make_state
+
+log = logging.getLogger("headbudget.service")
+
+
+class Runtime:
+    """The service's moving parts; one per process, reached from handlers through ``RuntimeDep``."""
+
+    def __init__(self, config: ServiceConfig, engine_factory: Callable[[], Engine], *,
+                 config_path: Path | None = None, extra_key_hashes: dict[str, str] | None = None,
+                 state: StateStore | None = None) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.extra_key_hashes = dict(extra_key_hashes or {})
+        self.metrics = Metrics(config.latency_targets_s())
+        self.state: StateStore = state if state is not None else make_state(config.state)
+        self.batcher = Batcher(engine_factory, config.server, self.metrics)
+        self.info: ModelInfo | None = None
+        self.mask_keys: dict[float, int] = {}  # grid budget -> heads kept, computed on the engine thread
+        self.draining = False
+        self.state_ok = True
+
+    async def start(self) -> None:
+        """Load and warm the model; publish offline accuracy."""
+        self.info = await self.batcher.start()
+        assert self.batcher.planner is not None and self.batcher.engine is not None
+        engine = self.batcher.engine
+        self.mask_keys = {b: engine.mask_key(b) for b in self.budget_grid()}
+        sweep = self.info.sweep or {}
+        points = [(float(p["budget"]), float(p["accuracy_hard"])) for p in sweep.get("points", [])
+                  if isinstance(p, dict) and isinstance(p.get("budget"), int | float)
+                  and isinstance(p.get("accuracy_hard"), int | float)]
+        self.metrics.set_offline_accuracy(points)
+        self.state_ok = await self.state.ping()
+        self.metrics.set_state_up(self.state_ok)
+
+    async def stop(self) -> None:
+        """Finish queued work, close the engine and the state store."""
+        self.draining = True
+        await self.batcher.stop()
+        await self.state.close()
+
+    def budget_grid(self) -> list[float]:
+        """The budgets /v1/models lists: sweep.json's points, else the service's grid."""
+        sweep = (self.info.sweep if self.info else None) or {}
+        budgets = sorted({round(float(p["budget"]), 4) for p in sweep.get("points", [])
+                          if isinstance(p, dict) and isinstance(p.get("budget"), int | float)})
+        planner = self.batcher.planner
+        return budgets or (list(planner.grid) if planner else [])
+
+    def reload(self) -> bool:
+        """Re-read the config file (SIGHUP); keep the old config when the new one is invalid."""
+        if self.config_path is None:
+            return False
+        try:
+            new = load_config(self.config_path)
+        except ConfigError as e:
+            log.error("config reload failed, keeping the running config: %s", e)
+            return False
+        if new.state != self.config.state:
+            log.warning("[state] changes need a restart; keeping the running state store")
+        self.config = new
+        self.batcher.server = new.server
+        log.info("config reloaded", extra={"tiers": sorted(new.tiers), "keys": len(new.keys)})
+        return True
+
+    async def readiness(self) -> tuple[bool, dict[str, str]]:
+        """(ready?, the checks that decide it) for /readyz."""
+        checks: dict[str, str] = {}
+        model_ok = self.batcher.ready and self.info is not None
+        checks["model"] = "ready" if model_ok else "not loaded"
+        checks["shutdown"] = "draining" if self.draining else "no"
+        up = await self.state.ping()
+        if up != self.state_ok:
+            self.state_ok = up
+            self.metrics.set_state_up(up)
+        state_ok = up or self.config.state.on_error == "open"
+        checks["state"] = f"{self.state.kind} " + ("ok" if up else f"down (failing {self.config.state.on_error})")
+        return model_ok and not self.draining and state_ok, checks

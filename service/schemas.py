@@ -1,0 +1,171 @@
+"""Request and response bodies of the HTTP API (pydantic v2); they define the OpenAPI schema."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+
+MAX_TEXTS = 64  # texts per request
+MAX_TEXT_CHARS = 100_000  # longer texts are refused; texts over the token limit are truncated instead
+MAX_LATENCY_MS = 60_000.0
+
+Text = Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT_CHARS)]
+BudgetValue = Annotated[float, Field(ge=0.1, le=1.0, allow_inf_nan=False)]
+BudgetParam = BudgetValue | Literal["auto"]
+LatencyLimit = Annotated[float, Field(gt=0, le=MAX_LATENCY_MS, allow_inf_nan=False)]
+BudgetSource = Literal["request", "tier_default", "max_latency_ms", "auto"]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ClassifyRequest(_Body):
+    """Texts to classify, with an optional budget or latency limit (a query parameter may give them too)."""
+
+    text: Text | None = Field(None, description="One text; give `text` or `texts`, not both.")
+    texts: Annotated[list[Text], Field(min_length=1, max_length=MAX_TEXTS)] | None = Field(
+        None, description=f"Up to {MAX_TEXTS} texts, answered in order.")
+    budget: BudgetParam | None = Field(
+        None, description="Fraction of attention heads to run, in [0.1, 1]; `auto` on checkpoints that pick "
+                          "their own. Default: the tier's default budget.")
+    max_latency_ms: LatencyLimit | None = Field(
+        None, description="Instead of a budget: the highest budget whose latency for these texts fits.")
+
+    @field_validator("text")
+    @classmethod
+    def _not_blank(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("text is empty or whitespace")
+        return v
+
+    @field_validator("texts")
+    @classmethod
+    def _none_blank(cls, v: list[str] | None) -> list[str] | None:
+        for i, t in enumerate(v or ()):
+            if not t.strip():
+                raise ValueError(f"texts[{i}] is empty or whitespace")
+        return v
+
+    @model_validator(mode="after")
+    def _one_input(self) -> ClassifyRequest:
+        if (self.text is None) == (self.texts is None):
+            raise ValueError("give exactly one of `text` or `texts`")
+        if self.budget is not None and self.max_latency_ms is not None:
+            raise ValueError("give `budget` or `max_latency_ms`, not both")
+        return self
+
+    def all_texts(self) -> list[str]:
+        """The texts as a list, whichever field carried them."""
+        return [self.text] if self.text is not None else list(self.texts or ())
+
+
+class ModelRef(BaseModel):
+    """Which checkpoint answered."""
+
+    name: str
+    checksum: str = Field(description="SHA-256 of the checkpoint weights")
+
+
+class TextResult(BaseModel):
+    """One text's answer."""
+
+    label: str
+    scores: dict[str, float] = Field(description="label -> probability")
+    budget_requested: float
+    budget_applied: float = Field(description="the budget the text ran at (lower than requested if degraded)")
+    heads_active: int
+    heads_total: int
+    cost: float = Field(description="fraction of the dense attention multiply-adds spent")
+    truncated: bool = Field(description="the text was longer than the token limit and was cut")
+    n_tokens: int
+    latency_ms: float = Field(description="forward pass of the batch this text ran in")
+    degraded: bool = Field(description="run below the requested budget to meet the tier's latency target")
+
+
+class ClassifyResponse(BaseModel):
+    """Answers in the order of the texts, and how the budget was chosen."""
+
+    model: ModelRef
+    request_id: str
+    tier: str
+    budget_source: BudgetSource
+    max_latency_ms: float | None = None
+    degraded: bool
+    queue_ms: float = Field(description="time spent waiting for the model")
+    latency_ms: float = Field(description="time from arrival to answer inside the server")
+    results: list[TextResult]
+
+
+class FeedbackRequest(_Body):
+    """The true label of an earlier answer."""
+
+    request_id: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    label: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+    index: Annotated[int, Field(ge=0, lt=MAX_TEXTS)] = Field(0, description="which text of the request")
+
+
+class FeedbackResponse(BaseModel):
+    """Whether the earlier answer was right, and the budget it ran at."""
+
+    request_id: str
+    index: int
+    correct: bool
+    budget_applied: float
+
+
+class BudgetPoint(BaseModel):
+    """One point of the checkpoint's budget grid."""
+
+    budget: float
+    heads_active: int
+    accuracy: float | None = Field(None, description="offline accuracy from sweep.json")
+    latency_ms: float | None = Field(None, description="from the benchmark table, refreshed by the service")
+
+
+class ModelCard(BaseModel):
+    """The loaded checkpoint."""
+
+    id: str
+    object: Literal["model"] = "model"
+    checksum: str
+    labels: list[str]
+    n_layers: int
+    n_heads: int
+    heads_total: int
+    max_length: int
+    supports_auto: bool
+    dense_accuracy: float | None
+    budgets: list[BudgetPoint]
+
+
+class ModelList(BaseModel):
+    """The models this server runs (one)."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class Health(BaseModel):
+    """Liveness."""
+
+    status: Literal["ok"] = "ok"
+
+
+class Readiness(BaseModel):
+    """Readiness and what it depends on."""
+
+    status: Literal["ready", "not_ready"]
+    checks: dict[str, str]
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx and 5xx answer."""
+
+    error: ErrorDetail

@@ -1,0 +1,187 @@
+"""Service configuration: the TOML file (tiers, keys, batching, state) and the start-up settings, parsed once."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from headbudget.engine.types import EngineOptions
+
+Budget = Annotated[float, Field(ge=0.1, le=1.0, allow_inf_nan=False)]
+SERVE_ENV = "HEADBUDGET_SERVE"  # how `headbudget serve` hands ServeSettings to uvicorn workers (JSON)
+
+
+class ConfigError(ValueError):
+    """The service configuration is invalid; the service refuses to start (or keeps the old one on reload)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TierConfig(_Strict):
+    """One pricing tier: which budgets its keys may buy, how fast, and how it is scheduled."""
+
+    name: str = ""  # filled from the table name
+    default_budget: Budget = 0.5  # used when a request names no budget
+    max_budget: Budget = 1.0  # a higher explicit budget is refused with 403
+    rate_limit: Annotated[float, Field(gt=0)] = 600.0  # requests per minute per key
+    burst: Annotated[int, Field(ge=1)] = 20  # requests a key may send at once before the rate applies
+    priority: int = 0  # higher is served first under contention
+    max_queue: Annotated[int, Field(ge=1)] = 128  # requests of this tier waiting at once; beyond: 503
+    latency_target_ms: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None  # degrade to meet it
+    min_budget: Budget | None = None  # lowest budget degradation may go to (default 0.1)
+
+    @model_validator(mode="after")
+    def _check(self) -> TierConfig:
+        if self.default_budget > self.max_budget:
+            raise ValueError(f"default_budget {self.default_budget} is above max_budget {self.max_budget}")
+        if self.min_budget is not None and self.min_budget > self.default_budget:
+            raise ValueError(f"min_budget {self.min_budget} is above default_budget {self.default_budget}")
+        return self
+
+    @property
+    def degrades(self) -> bool:
+        """Whether this tier trades budget for latency under load."""
+        return self.latency_target_ms is not None
+
+    @property
+    def floor_budget(self) -> float:
+        """The lowest budget degradation may choose."""
+        return self.min_budget if self.min_budget is not None else 0.1
+
+
+class KeyConfig(_Strict):
+    """One API key, stored as the SHA-256 of the key (never the key itself)."""
+
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    tier: str
+    name: str = ""  # a label for logs and audits; never the key
+
+
+class ServerConfig(_Strict):
+    """Batching, queue and input limits."""
+
+    max_batch_size: Annotated[int, Field(ge=1, le=1024)] = 32  # texts per forward pass
+    max_wait_ms: Annotated[float, Field(ge=0, le=1000, allow_inf_nan=False)] = 3.0  # batch window
+    queue_size: Annotated[int, Field(ge=1)] = 256  # requests waiting, all tiers together
+    request_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 30.0  # longest wait in queue
+    max_body_bytes: Annotated[int, Field(ge=1024)] = 1 << 20
+    graceful_timeout_s: Annotated[float, Field(gt=0)] = 30.0  # how long shutdown waits for in-flight work
+
+
+class StateConfig(_Strict):
+    """Where rate limits and the feedback store live."""
+
+    redis_url: str = ""  # empty: in this process's memory (one worker only)
+    on_error: Literal["open", "closed"] = "open"  # rate limits when Redis is unreachable
+    redis_timeout_s: Annotated[float, Field(gt=0)] = 0.25
+    feedback_ttl_s: Annotated[float, Field(gt=0)] = 86_400.0  # how long answers can receive feedback
+    feedback_max_entries: Annotated[int, Field(ge=1)] = 100_000  # per worker in memory
+    accuracy_window: Annotated[int, Field(ge=1)] = 1000  # feedbacks per budget in the online accuracy
+
+
+class DevelopmentConfig(_Strict):
+    """Conveniences that must stay off in production."""
+
+    anonymous_tier: str | None = None  # requests without a key get this tier; absent = 401
+    curl_tier: str | None = None  # tier of the ephemeral key `serve --print-curl` creates
+
+
+class ServiceConfig(_Strict):
+    """The whole service.toml."""
+
+    server: ServerConfig = ServerConfig()
+    state: StateConfig = StateConfig()
+    development: DevelopmentConfig = DevelopmentConfig()
+    tiers: dict[str, TierConfig]
+    keys: list[KeyConfig] = []
+
+    @model_validator(mode="after")
+    def _check(self) -> ServiceConfig:
+        if not self.tiers:
+            raise ValueError("at least one [tiers.NAME] table is required")
+        for name in self.tiers:
+            if not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", name):
+                raise ValueError(f"tier name {name!r}: use 1-32 letters, digits, '_' or '-'")
+        known = set(self.tiers)
+        for key in self.keys:
+            if key.tier not in known:
+                raise ValueError(f"a key names tier {key.tier!r}, which is not defined ({sorted(known)})")
+        for label, tier in (("anonymous_tier", self.development.anonymous_tier),
+                            ("curl_tier", self.development.curl_tier)):
+            if tier is not None and tier not in known:
+                raise ValueError(f"development.{label} = {tier!r} is not a defined tier")
+        return self
+
+    def tier(self, name: str) -> TierConfig:
+        """The tier called ``name``."""
+        return self.tiers[name]
+
+    def latency_targets_s(self) -> list[float]:
+        """Every tier's latency target in seconds (histogram bucket boundaries)."""
+        return sorted({t.latency_target_ms / 1000.0 for t in self.tiers.values() if t.latency_target_ms})
+
+
+def parse_config(data: dict[str, Any]) -> ServiceConfig:
+    """Validate a parsed TOML document; tier names are copied into each tier."""
+    tiers = data.get("tiers")
+    if isinstance(tiers, dict):
+        data = {**data, "tiers": {n: {**t, "name": n} if isinstance(t, dict) else t for n, t in tiers.items()}}
+    try:
+        return ServiceConfig.model_validate(data)
+    except ValidationError as e:
+        lines = [f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()]
+        raise ConfigError("; ".join(lines)) from None
+
+
+def load_config(path: Path) -> ServiceConfig:
+    """Read and validate a service TOML file; raises ConfigError with a one-line reason."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    return parse_config(data)
+
+
+class ServeSettings(BaseModel):
+    """What one server process needs at start-up (CLI flags), passed to workers as JSON in the environment."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_dir: Path
+    config_path: Path
+    backend: Literal["onnxruntime", "torch"] = "onnxruntime"
+    precision: Literal["fp32", "int8"] = "fp32"
+    threads: Annotated[int, Field(ge=1)] = 1
+    extra_key_hashes: dict[str, str] = {}  # sha256 -> tier: ephemeral keys (serve --print-curl), never written
+
+    def engine_options(self) -> EngineOptions:
+        """The engine options these settings select."""
+        return EngineOptions(backend=self.backend, precision=self.precision, threads=self.threads)
+
+    def to_env(self) -> str:
+        """Serialize for the HEADBUDGET_SERVE environment variable."""
+        return self.model_dump_json()
+
+    @classmethod
+    def from_env(cls) -> ServeSettings:
+        """Read the settings `headbudget serve` put in the environment."""
+        raw = os.environ.get(SERVE_ENV)
+        if not raw:
+            raise ConfigError(f"{SERVE_ENV} is not set; start the service with `headbudget serve`")
+        return cls.model_validate(json.loads(raw))
+
+
+def budget_bucket(budget: float) -> str:
+    """The 0.1-step label a budget is reported under in metrics ("0.1" ... "1.0")."""
+    return f"{math.floor(budget * 10.0 + 0.5 + 1e-9) / 10.0:.1f}"

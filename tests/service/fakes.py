@@ -1,0 +1,82 @@
+"""A fake Engine for unit tests of the serving layer: deterministic answers, controllable speed, call log."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from headbudget.engine.errors import InputError
+from headbudget.engine.types import BatchResult, Cost, ModelInfo, Prediction
+
+
+class FakeEngine:
+    """Follows the Engine protocol; asserts it is only ever called from one thread."""
+
+    def __init__(self, *, labels: Sequence[str] = ("negative", "positive"), n_layers: int = 2, n_heads: int = 4,
+                 max_length: int = 32, delay_s: float = 0.0, per_token_s: float = 0.0,
+                 sweep: dict[str, Any] | None = None, bench: dict[str, Any] | None = None,
+                 supports_auto: bool = False) -> None:
+        self.info = ModelInfo(name="fake", checksum="0" * 64, labels=tuple(labels), n_layers=n_layers,
+                              n_heads=n_heads, max_length=max_length, supports_auto=supports_auto, sweep=sweep,
+                              bench=bench)
+        self.delay_s = delay_s
+        self.per_token_s = per_token_s
+        self.calls: list[tuple[list[str], float]] = []
+        self.warmed = False
+        self.closed = False
+        self.gate = threading.Event()  # cleared: predict blocks until set (to hold a batch in flight)
+        self.gate.set()
+        self._thread: int | None = None
+
+    def _check_thread(self) -> None:
+        me = threading.get_ident()
+        if self._thread is None:
+            self._thread = me
+        assert self._thread == me, "the engine was called from two threads"
+
+    def mask_key(self, budget: float) -> int:
+        total = self.info.n_layers * self.info.n_heads
+        return min(total, max(1, math.floor(budget * total + 0.5 + 1e-9)))
+
+    def count_tokens(self, texts: Sequence[str]) -> list[tuple[int, bool]]:
+        self._check_thread()
+        out = []
+        for t in texts:
+            n = len(t.split()) + 2
+            out.append((min(n, self.info.max_length), n > self.info.max_length))
+        return out
+
+    def predict(self, texts: Sequence[str], budget: float) -> BatchResult:
+        self._check_thread()
+        if not texts or any(not t.strip() for t in texts):
+            raise InputError("empty text")
+        self.gate.wait(30)
+        self.calls.append((list(texts), budget))
+        counts = self.count_tokens(texts)
+        k = self.mask_key(budget)
+        total = self.info.n_layers * self.info.n_heads
+        started = time.perf_counter()
+        time.sleep(self.delay_s + self.per_token_s * len(texts) * max(n for n, _ in counts) * (0.1 + 0.9 * k / total))
+        preds = []
+        for text, (n, truncated) in zip(texts, counts, strict=True):
+            h = int(hashlib.sha256(f"{text}|{k}".encode()).hexdigest(), 16)
+            p = 0.5 + ((h % 1000) / 1000 - 0.5) * 0.9
+            scores = {self.info.labels[0]: 1 - p, self.info.labels[1]: p}
+            label = max(scores, key=lambda lab: scores[lab])
+            dense = 1000 * n
+            cost = Cost(heads_active=k, heads_total=total, attention_macs=dense * k // total,
+                        attention_macs_dense=dense, total_macs=3 * dense, total_macs_dense=3 * dense)
+            preds.append(Prediction(label=label, scores=scores, logits=[0.0, 0.0], n_tokens=n, truncated=truncated,
+                                    cost=cost))
+        return BatchResult(predictions=preds, budget=budget, heads_active=k, heads_total=total,
+                           latency_s=time.perf_counter() - started)
+
+    def warmup(self) -> None:
+        self.warmed = True
+
+    def close(self) -> None:
+        self.closed = True
