@@ -2,7 +2,8 @@
 
 The event loop only enqueues and awaits; one dedicated thread owns the engine (it loads, warms up, runs and
 closes it), takes the highest-priority waiting request, waits up to ``max_wait_ms`` for others that share
-its head mask, and runs them as one batch. Budgets are chosen at dispatch (see ``planner.py``).
+its head mask (not at all for a request that arrived alone: batching must not tax an idle server), and runs
+them as one batch. Budgets are chosen at dispatch (see ``planner.py``).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class Job:
     seq: int = field(default_factory=lambda: next(_seq))
     cancelled: bool = False
     counted: bool = False  # tokens exact (counted by the engine)
+    alone: bool = False  # no other request arrived within the batch window before this one
     cost_cache: dict[float, float] = field(default_factory=dict)
 
     def order(self) -> tuple[int, int]:
@@ -75,6 +77,7 @@ class Batcher:
         self._pending: list[Job] = []
         self._stopping = False
         self._running_until = 0.0  # monotonic estimate of when the running batch ends
+        self._last_arrival = 0.0
         self._thread = threading.Thread(target=self._run, name="headbudget-engine", daemon=True)
         self._started = threading.Event()
         self._start_error: BaseException | None = None
@@ -130,6 +133,8 @@ class Batcher:
                     raise Overloaded(
                         f"even min_budget {tier.floor_budget} cannot meet tier {tier.name!r}'s latency target of "
                         f"{tier.latency_target_ms:g} ms now", retry_after_s=wait_s)
+            job.alone = job.enqueued - self._last_arrival > self.server.max_wait_ms / 1000.0
+            self._last_arrival = job.enqueued
             self._pending.append(job)
             self._metrics.queue_depth.set(len(self._pending))
             self._cond.notify_all()
@@ -181,7 +186,9 @@ class Batcher:
             if not self._pending:
                 return False
             head = min(self._pending, key=Job.order)
-            window_end = head.enqueued + self.server.max_wait_ms / 1000.0
+            # An isolated request runs at once; under concurrent arrivals the batch waits for company.
+            lone = head.alone and len(self._pending) == 1
+            window_end = head.enqueued + (0.0 if lone else self.server.max_wait_ms / 1000.0)
             while not self._stopping and time.monotonic() < window_end and \
                     sum(len(j.texts) for j in self._pending) < self.server.max_batch_size:
                 self._cond.wait(max(0.0, window_end - time.monotonic()))

@@ -30,12 +30,22 @@ def _row_ms(row: dict[str, Any]) -> float | None:
     return None
 
 
+def reference_tokens(bench: dict[str, Any] | None) -> float:
+    """Tokens per text the bench table was measured at (``seq_len``, or ``median_tokens`` for real data)."""
+    if isinstance(bench, dict):
+        for key in ("seq_len", "median_tokens"):
+            v = bench.get(key)
+            if isinstance(v, int | float) and v > 0:
+                return float(v)
+    return 128.0
+
+
 def parse_bench(bench: dict[str, Any] | None) -> dict[float, list[tuple[float, float]]]:
     """bench.json -> {budget: [(padded tokens per call, ms), ...] sorted by tokens}; unusable rows dropped."""
     table: dict[float, list[tuple[float, float]]] = {}
     if not isinstance(bench, dict) or not isinstance(bench.get("rows"), list):
         return table
-    seq_default, batch_default = bench.get("seq_len", 128), bench.get("batch_size", 1)
+    seq_default, batch_default = reference_tokens(bench), bench.get("batch_size", 1)
     for row in bench["rows"]:
         if not isinstance(row, dict) or not isinstance(row.get("budget"), int | float):
             continue
@@ -65,7 +75,7 @@ class LatencyModel:
         self._table = parse_bench(bench)
         self._budgets = sorted(self._table)
         self.max_length = max_length
-        self._ref_tokens = float(bench.get("seq_len", 128)) if isinstance(bench, dict) else 128.0
+        self.ref_tokens = reference_tokens(bench)
         self._factor: dict[str, float] = {}  # budget bucket -> observed / estimated
         self._global = 1.0
         self._chars_per_token = 4.0
@@ -123,4 +133,4 @@ class LatencyModel:
 
     def table_points(self) -> dict[float, float]:
         """Estimated ms per table budget at the table's reference input, with the corrections applied."""
-        return {b: round(self.estimate_ms(b, self._ref_tokens), 3) for b in self._budgets}
+        return {b: round(self.estimate_ms(b, self.ref_tokens), 3) for b in self._budgets}

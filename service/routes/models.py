@@ -30,9 +30,8 @@ async def list_models(runtime: RuntimeDep) -> ModelList:
     if info is None or latency is None:
         raise Unavailable("the model is not loaded yet", retry_after_s=5)
     accuracy = _sweep_accuracy(info.sweep)
-    ref_tokens = float((info.bench or {}).get("seq_len", 128))
     points = [BudgetPoint(budget=b, heads_active=runtime.mask_keys.get(b, 0), accuracy=accuracy.get(b),
-                          latency_ms=round(latency.estimate_ms(b, ref_tokens), 3))
+                          latency_ms=round(latency.estimate_ms(b, latency.ref_tokens), 3))
               for b in runtime.budget_grid()]
     dense = (info.sweep or {}).get("dense_accuracy")
     card = ModelCard(id=info.name, checksum=info.checksum, labels=list(info.labels), n_layers=info.n_layers,

@@ -1,0 +1,124 @@
+"""Running the app under uvicorn: one or several workers, shared metrics, SIGHUP reload, graceful shutdown."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import uvicorn
+from uvicorn.supervisors import Multiprocess
+
+from headbudget.service.auth import hash_key, new_key
+from headbudget.service.logs import configure_logging
+from headbudget.service.settings import SERVE_ENV, ServeSettings, ServiceConfig, load_config
+
+log = logging.getLogger("headbudget.service")
+APP = "headbudget.service.app:app_from_env"
+
+
+class _Supervisor(Multiprocess):
+    """uvicorn's worker supervisor, except that SIGHUP reloads the config in each worker instead of
+    restarting them (no model reload, no dropped requests)."""
+
+    def handle_hup(self) -> None:
+        log.info("SIGHUP: reloading the config in every worker")
+        for process in self.processes:
+            if process.pid is not None:
+                try:
+                    os.kill(process.pid, signal.SIGHUP)
+                except ProcessLookupError:
+                    pass
+
+
+def _curl_tier(config: ServiceConfig) -> str:
+    if config.development.curl_tier:
+        return config.development.curl_tier
+    return "balanced" if "balanced" in config.tiers else sorted(config.tiers)[0]
+
+
+def curl_command(host: str, port: int, key: str, budget: float) -> str:
+    """A working curl command for /classify with ``key``."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    body = json.dumps({"text": "Stocks rallied after the central bank left interest rates unchanged."})
+    return (f"curl -s 'http://{shown}:{port}/classify?budget={budget:g}' -H {shlex.quote('X-API-Key: ' + key)} "
+            f"-H 'Content-Type: application/json' -d {shlex.quote(body)}")
+
+
+def _announce_when_ready(url: str, command: str, stop: threading.Event) -> None:
+    """Poll /readyz, then print the curl command once (stdout, not the log: the key must stay out of logs)."""
+    while not stop.is_set():
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    print(f"\nheadbudget is ready. Try it (a development key, valid while this server runs):\n\n"
+                          f"  {command}\n", flush=True)
+                    return
+        except OSError:
+            pass
+        stop.wait(0.5)
+
+
+def _metrics_dir(workers: int) -> str | None:
+    """Set up PROMETHEUS_MULTIPROC_DIR for several workers (a fresh temp folder unless one is given)."""
+    given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if given:
+        Path(given).mkdir(parents=True, exist_ok=True)
+        for stale in Path(given).glob("*.db"):
+            stale.unlink()
+        return None
+    if workers == 1:
+        return None
+    folder = tempfile.mkdtemp(prefix="headbudget-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = folder
+    return folder
+
+
+def serve(settings: ServeSettings, *, host: str = "127.0.0.1", port: int = 8000, workers: int = 1,
+          print_curl: bool = False, log_level: str = "info") -> int:
+    """Serve until SIGINT/SIGTERM; in-flight requests finish before the process exits."""
+    configure_logging(log_level.upper())
+    config = load_config(settings.config_path)  # refuse a bad config before loading anything
+    if workers > 1 and not config.state.redis_url:
+        log.warning("several workers without [state] redis_url: rate limits and feedback are per worker")
+    key = None
+    if print_curl:
+        key = new_key()
+        tier = _curl_tier(config)
+        settings = settings.model_copy(update={"extra_key_hashes": {**settings.extra_key_hashes,
+                                                                   hash_key(key): tier}})
+    os.environ[SERVE_ENV] = settings.to_env()
+    own_metrics_dir = _metrics_dir(workers)
+    uconfig = uvicorn.Config(APP, factory=True, host=host, port=port, workers=workers, log_config=None,
+                             access_log=False, lifespan="on", log_level=log_level,
+                             timeout_graceful_shutdown=int(config.server.graceful_timeout_s))
+    stop = threading.Event()
+    if key is not None:
+        command = curl_command(host, port, key, config.tier(_curl_tier(config)).default_budget)
+        shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+        threading.Thread(target=_announce_when_ready, args=(f"http://{shown}:{port}/readyz", command, stop),
+                         daemon=True).start()
+    started = time.monotonic()
+    try:
+        if workers == 1:
+            server = uvicorn.Server(uconfig)
+            server.run()
+            failed = not server.started
+        else:
+            sock = uconfig.bind_socket()
+            _Supervisor(uconfig, sockets=[sock]).run()
+            failed = False
+    finally:
+        stop.set()
+        if own_metrics_dir:
+            shutil.rmtree(own_metrics_dir, ignore_errors=True)
+    log.info("stopped", extra={"uptime_s": round(time.monotonic() - started, 1)})
+    return 1 if failed else 0
