@@ -8,6 +8,7 @@ import time
 import uuid
 from typing import Any
 
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from headbudget.service.errors import error_body
@@ -19,8 +20,11 @@ _UNCOUNTED = _QUIET | {"/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirec
 _ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
-class _TooLarge(Exception):
-    pass
+class _TooLarge(StarletteHTTPException):
+    """Raised while reading an over-long body; FastAPI lets HTTP exceptions through to the error mapping."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"the request body is over {limit} bytes")
 
 
 class RequestContextMiddleware:
@@ -60,7 +64,7 @@ class RequestContextMiddleware:
             if message["type"] == "http.request":
                 received[0] += len(message.get("body", b""))
                 if received[0] > self.max_body_bytes:
-                    raise _TooLarge()
+                    raise _TooLarge(self.max_body_bytes)
             return message
 
         try:
@@ -69,7 +73,7 @@ class RequestContextMiddleware:
             declared = 0
         try:
             if declared > self.max_body_bytes:
-                raise _TooLarge()
+                raise _TooLarge(self.max_body_bytes)
             await self.app(scope, receive_limited, send_wrapped)
         except _TooLarge:
             if response_started[0]:

@@ -1,0 +1,201 @@
+"""Fixtures of the service tests: in-process apps over a fake engine, real servers, a real redis-server."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from headbudget.service.app import create_app
+from headbudget.service.auth import hash_key
+from headbudget.service.settings import ServiceConfig, parse_config
+from headbudget.service.state import StateStore
+from tests.service.fakes import FakeEngine
+
+HOST = "127.0.0.1"
+KEYS = {"cheap": "hb_test_cheap_key_000000000000000000000", "balanced": "hb_test_balanced_key_0000000000000000",
+        "quality": "hb_test_quality_key_00000000000000000", "flex": "hb_test_flex_key_00000000000000000000"}
+
+
+def config_dict(**server: Any) -> dict[str, Any]:
+    """Three tiers (cheap degrades, quality has priority) and a key per tier; ``server`` overrides [server]."""
+    return {
+        "server": {"max_wait_ms": 5.0, **server},
+        "tiers": {
+            "cheap": {"default_budget": 0.25, "max_budget": 0.5, "rate_limit": 6000, "burst": 100, "priority": 0,
+                      "max_queue": 64},
+            "balanced": {"default_budget": 0.5, "max_budget": 1.0, "rate_limit": 6000, "burst": 100,
+                         "priority": 5},
+            "quality": {"default_budget": 1.0, "max_budget": 1.0, "rate_limit": 6000, "burst": 100,
+                        "priority": 10},
+            "flex": {"default_budget": 1.0, "max_budget": 1.0, "rate_limit": 6000, "burst": 100, "priority": 0,
+                     "latency_target_ms": 200, "min_budget": 0.1, "max_queue": 256},
+        },
+        "keys": [{"sha256": hash_key(k), "tier": t, "name": f"test-{t}"} for t, k in KEYS.items()],
+    }
+
+
+def make_config(**server: Any) -> ServiceConfig:
+    return parse_config(config_dict(**server))
+
+
+@contextlib.asynccontextmanager
+async def running_app(config: ServiceConfig | None = None, engine: FakeEngine | None = None,
+                      state: StateStore | None = None) -> AsyncIterator[tuple[httpx.AsyncClient, Any, FakeEngine]]:
+    """An app over a fake engine with its lifespan running, and an httpx client talking to it in process."""
+    engine = engine or FakeEngine()
+    app = create_app(config or make_config(), lambda: engine, state=state)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app, client=(HOST, 5555))
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            yield client, app, engine
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def headers(tier: str = "balanced") -> dict[str, str]:
+    return {"X-API-Key": KEYS[tier]}
+
+
+# -- real processes ----------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float, what: str, proc: subprocess.Popen[bytes],
+               log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        with contextlib.suppress(OSError, httpx.HTTPError):
+            if check():
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"{what} not ready after {timeout_s} s:\n{log.read_text()[-3000:]}")
+
+
+def stop_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout_s: float = 30) -> int:
+    """Signal the process group, wait, then SIGKILL anything left; returns the exit code."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout_s)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    return proc.wait(10)
+
+
+def service_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+    return env
+
+
+class Server:
+    """A running `headbudget serve` subprocess."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], url: str, log: Path, stdout: Path, config: Path) -> None:
+        self.proc, self.url, self.log, self.stdout, self.config = proc, url, log, stdout, config
+
+    def logs(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@contextlib.contextmanager
+def start_server(model: Path, config_text: str, tmp: Path, *, workers: int = 1,
+                 extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> Iterator[Server]:
+    """`headbudget serve` on a free loopback port until the block ends (then SIGTERM, then SIGKILL)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    config = tmp / "service.toml"
+    config.write_text(config_text)
+    port = free_port()
+    log, out = tmp / "server.log", tmp / "server.out"
+    cmd = [sys.executable, "-m", "headbudget.cli", "serve", "--model", str(model), "--config", str(config),
+           "--host", HOST, "--port", str(port), "--workers", str(workers), *extra]
+    with open(log, "wb") as err_f, open(out, "wb") as out_f:
+        proc = subprocess.Popen(cmd, stdout=out_f, stderr=err_f, env={**service_env(), **(env or {})},
+                                start_new_session=True)
+    url = f"http://{HOST}:{port}"
+    try:
+        wait_until(lambda: httpx.get(f"{url}/readyz", timeout=2).status_code == 200, 180, "headbudget serve",
+                   proc, log)
+        yield Server(proc, url, log, out, config)
+    finally:
+        stop_process(proc)
+
+
+def toml_of(d: dict[str, Any]) -> str:
+    """A small TOML writer for the test configs (tables, arrays of tables, scalars)."""
+    lines: list[str] = []
+
+    def scalar(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return '"' + v + '"'
+        return repr(v)
+
+    for section, body in d.items():
+        if section == "tiers":
+            for name, tier in body.items():
+                lines.append(f"[tiers.{name}]")
+                lines += [f"{k} = {scalar(v)}" for k, v in tier.items()]
+        elif section == "keys":
+            for key in body:
+                lines.append("[[keys]]")
+                lines += [f"{k} = {scalar(v)}" for k, v in key.items()]
+        else:
+            lines.append(f"[{section}]")
+            lines += [f"{k} = {scalar(v)}" for k, v in body.items()]
+    return "\n".join(lines) + "\n"
+
+
+@contextlib.contextmanager
+def redis_process(tmp: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A throw-away redis-server on a free loopback port: (url, process)."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        pytest.skip("redis-server is not installed (Debian package redis-server; `make system-deps`)")
+    tmp.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log = tmp / "redis.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen([exe, "--bind", HOST, "--port", str(port), "--save", "", "--appendonly", "no",
+                                 "--dir", str(tmp)], stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        def ping() -> bool:
+            with socket.create_connection((HOST, port), timeout=1) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+
+        wait_until(ping, 20, "redis-server", proc, log)
+        yield f"redis://{HOST}:{port}/0", proc
+    finally:
+        stop_process(proc, timeout_s=10)
+
+
+def engine_factory_available() -> str | None:
+    """Why the real engine cannot be used, or None."""
+    try:
+        import headbudget.engine.factory  # noqa: F401
+    except ImportError as e:
+        return f"headbudget.engine.factory is not available yet ({e})"
+    return None
