@@ -86,7 +86,7 @@ async def classify(runtime: Runtime, caller: Caller, body: ClassifyRequest, choi
     job = runtime.batcher.submit(texts, caller.tier, choice.budget, choice.max_latency_ms)
     try:
         result = await _wait(request, job.future)
-    except ClientGone:
+    except (ClientGone, asyncio.CancelledError):
         runtime.batcher.cancel(job)
         raise
     request_id: str = request.state.request_id

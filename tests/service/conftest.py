@@ -57,7 +57,7 @@ async def running_app(config: ServiceConfig | None = None, engine: FakeEngine | 
     engine = engine or FakeEngine()
     app = create_app(config or make_config(), lambda: engine, state=state)
     async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app, client=(HOST, 5555))
+        transport = httpx.ASGITransport(app=app, client=(HOST, 5555), raise_app_exceptions=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             yield client, app, engine
 

@@ -1,0 +1,135 @@
+"""The state-store contract, for MemoryState and RedisState (a real redis-server), and Redis going away."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from headbudget.service.redis_state import RedisState
+from headbudget.service.settings import StateConfig, parse_config
+from headbudget.service.state import (
+    AlreadyReported,
+    AnswerNotFound,
+    AnswerRecord,
+    MemoryState,
+    StateStore,
+    StateUnavailable,
+    gcra,
+)
+from tests.service.conftest import config_dict, headers, redis_process, running_app
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with redis_process(tmp_path_factory.mktemp("redis")) as (url, _):
+        yield url
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[StateStore]:
+    config = StateConfig(accuracy_window=3, feedback_ttl_s=60)
+    if request.param == "memory":
+        yield MemoryState(config)
+        return
+    url = request.getfixturevalue("redis_url")
+    s = RedisState(StateConfig(redis_url=url, accuracy_window=3, feedback_ttl_s=60))
+    await s._redis.flushdb()
+    yield s
+    await s.close()
+
+
+def test_gcra_allows_burst_then_the_rate() -> None:
+    tat, allowed = None, []
+    for _ in range(4):
+        ok, tat, _ = gcra(tat, 100.0, per_minute=60, burst=3)
+        allowed.append(ok)
+    assert allowed == [True, True, True, False]
+    ok, _, retry = gcra(tat, 100.0, 60, 3)
+    assert not ok and retry == pytest.approx(1.0)
+    assert gcra(tat, 101.0, 60, 3)[0]
+
+
+async def test_rate_limit_is_exact_per_bucket(store: StateStore) -> None:
+    results = await asyncio.gather(*[store.hit("k1", per_minute=60, burst=5) for _ in range(8)])
+    assert [r.allowed for r in results].count(True) == 5
+    denied = next(r for r in results if not r.allowed)
+    assert 0 < denied.retry_after_s <= 1.01
+    assert (await store.hit("k2", 60, 5)).allowed
+
+
+async def test_feedback_claim_once_and_owner_only(store: StateStore) -> None:
+    await store.remember("r1", AnswerRecord(owner="o1", tier="t", labels=["a", "b"], budgets=[0.5, 0.5]))
+    assert (await store.claim("r1", "o1", 1)).labels == ["a", "b"]
+    with pytest.raises(AlreadyReported):
+        await store.claim("r1", "o1", 1)
+    for rid, owner, index in (("r1", "o2", 0), ("nope", "o1", 0), ("r1", "o1", 2)):
+        with pytest.raises(AnswerNotFound):
+            await store.claim(rid, owner, index)
+
+
+async def test_online_accuracy_is_a_rolling_window(store: StateStore) -> None:
+    got = [await store.record_outcome("0.5", c) for c in (True, False, True, True, True)]
+    assert got == pytest.approx([1.0, 0.5, 2 / 3, 2 / 3, 1.0])  # window of 3
+
+
+async def test_memory_feedback_is_bounded_in_time_and_size() -> None:
+    now = [0.0]
+    s = MemoryState(StateConfig(feedback_ttl_s=10, feedback_max_entries=2), clock=lambda: now[0])
+    for rid in ("a", "b", "c"):
+        await s.remember(rid, AnswerRecord("o", "t", ["x"], [1.0]))
+    with pytest.raises(AnswerNotFound):
+        await s.claim("a", "o", 0)  # evicted: size bound
+    now[0] = 11.0
+    with pytest.raises(AnswerNotFound):
+        await s.claim("c", "o", 0)  # expired: time bound
+
+
+async def test_redis_rate_limit_is_shared_between_clients(redis_url: str) -> None:
+    a, b = (RedisState(StateConfig(redis_url=redis_url)) for _ in range(2))
+    await a._redis.flushdb()
+    results = await asyncio.gather(*[(a if i % 2 else b).hit("shared", 60, 6) for i in range(10)])
+    assert [r.allowed for r in results].count(True) == 6
+    await a.close()
+    await b.close()
+
+
+async def test_redis_unreachable_raises_state_unavailable() -> None:
+    s = RedisState(StateConfig(redis_url="redis://127.0.0.1:1/0", redis_timeout_s=0.2))
+    with pytest.raises(StateUnavailable):
+        await s.hit("k", 60, 1)
+    with pytest.raises(StateUnavailable):
+        await s.remember("r", AnswerRecord("o", "t", ["x"], [1.0]))
+    assert await s.ping() is False
+    await s.close()
+
+
+@pytest.mark.parametrize("on_error", ["open", "closed"])
+async def test_service_when_redis_goes_away(tmp_path: Path, on_error: str) -> None:
+    with redis_process(tmp_path) as (url, proc):
+        d = config_dict()
+        d["state"] = {"redis_url": url, "on_error": on_error, "redis_timeout_s": 0.3}
+        config = parse_config(d)
+        async with running_app(config) as (client, _, _):
+            ok = await client.post("/classify", json={"text": "x"}, headers=headers())
+            assert ok.status_code == 200
+            assert (await client.get("/readyz")).json()["checks"]["state"] == "redis ok"
+            proc.terminate()
+            proc.wait(10)
+            r = await client.post("/classify", json={"text": "x"}, headers=headers())
+            ready = await client.get("/readyz")
+            fb = await client.post("/feedback", json={"request_id": ok.json()["request_id"], "label": "positive"},
+                                   headers=headers())
+            metrics = (await client.get("/metrics")).text
+    assert "headbudget_state_backend_up 0.0" in metrics
+    assert 'headbudget_state_errors_total{operation="rate_limit"}' in metrics
+    assert ready.json()["checks"]["state"] == f"redis down (failing {on_error})"
+    if on_error == "open":
+        assert r.status_code == 200 and ready.status_code == 200
+    else:
+        assert r.status_code == 503 and "retry-after" in r.headers and ready.status_code == 503
+    assert fb.status_code == 503  # the feedback store is down either way
