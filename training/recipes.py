@@ -55,7 +55,7 @@ PRESETS: dict[str, Recipe] = {
     # MiniLM on ~2,000 examples a stage: a usable checkpoint in minutes on 2 cores.
     "quick": Recipe(
         name="quick", dense_epochs=1, budget_epochs=1, hard_epochs=1, examples_per_stage=2000, batch_size=16,
-        sweep_examples=500, length_buckets=True,
+        sweep_examples=300, length_buckets=True,
         max_length=128, lr=1e-4, gate_lr=1e-1, val_examples=300, val_budgets=(0.25, 0.5, 1.0),
     ),
     # All training data: the numbers in docs/results.md come from this one.
