@@ -1,0 +1,105 @@
+"""service.toml parsing, `headbudget keys`, the client against an in-process app, and the import boundary."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from headbudget.client import AsyncClient, HeadbudgetError
+from headbudget.service.auth import hash_key
+from headbudget.service.settings import ConfigError, budget_bucket, load_config, parse_config
+from tests.service.conftest import KEYS, config_dict, running_app
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_committed_example_config_is_valid() -> None:
+    config = load_config(ROOT / "service.toml")
+    assert {"cheap", "balanced", "quality"} <= set(config.tiers)
+    assert config.development.anonymous_tier is None  # no anonymous access unless an operator says so
+    assert config.tiers["quality"].priority > config.tiers["cheap"].priority
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d["tiers"]["cheap"].update(default_budget=0.9), "above max_budget"),
+    (lambda d: d["tiers"]["cheap"].update(max_budget=1.5), "max_budget"),
+    (lambda d: d["tiers"]["flex"].update(min_budget=0.05), "min_budget"),
+    (lambda d: d["tiers"]["cheap"].update(rate_limit=0), "rate_limit"),
+    (lambda d: d["tiers"]["cheap"].update(colour="red"), "colour"),
+    (lambda d: d["keys"].append({"sha256": "0" * 64, "tier": "gold"}), "gold"),
+    (lambda d: d["keys"].append({"sha256": "not-a-hash", "tier": "cheap"}), "sha256"),
+    (lambda d: d.update(development={"anonymous_tier": "gold"}), "gold"),
+    (lambda d: d.update(tiers={}), "at least one"),
+    (lambda d: d.update(state={"on_error": "maybe"}), "on_error"),
+])
+def test_bad_configs_are_refused(mutate, message: str) -> None:  # type: ignore[no-untyped-def]
+    d = config_dict()
+    mutate(d)
+    with pytest.raises(ConfigError, match=message):
+        parse_config(d)
+
+
+def test_load_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.toml")
+    (tmp_path / "bad.toml").write_text("[tiers\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(tmp_path / "bad.toml")
+
+
+def test_budget_buckets() -> None:
+    assert [budget_bucket(b) for b in (0.1, 0.14, 0.15, 0.25, 0.5, 0.95, 1.0)] == \
+        ["0.1", "0.1", "0.2", "0.3", "0.5", "1.0", "1.0"]
+
+
+def test_keys_add_prints_a_key_once_and_stores_only_its_hash(tmp_path: Path) -> None:
+    config = tmp_path / "service.toml"
+    config.write_text((ROOT / "service.toml").read_text())
+    cmd = [sys.executable, "-m", "headbudget.cli", "keys", "add", "--tier", "cheap", "--config", str(config),
+           "--name", "alice"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    key = r.stdout.strip()
+    assert key.startswith("hb_") and len(key) > 30 and key not in r.stderr
+    text = config.read_text()
+    assert key not in text and hash_key(key) in text
+    loaded = load_config(config)
+    assert [(k.tier, k.name) for k in loaded.keys] == [("cheap", "alice")]
+    listed = subprocess.run([sys.executable, "-m", "headbudget.cli", "keys", "list", "--config", str(config)],
+                            capture_output=True, text=True, timeout=60)
+    assert "alice" in listed.stdout and key not in listed.stdout
+    bad = subprocess.run([*cmd[:6], "gold", *cmd[7:]], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "gold" in bad.stderr
+
+
+def test_service_imports_no_torch_and_no_models() -> None:
+    code = ("import sys, headbudget.service.app, headbudget.service.server, headbudget.client; "
+            "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('headbudget.models', "
+            "'headbudget.training', 'torch.'))]; print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.anyio
+async def test_async_client_round_trip() -> None:
+    async with running_app() as (inner, app, _):
+        transport = httpx.ASGITransport(app=app)
+        async with AsyncClient("http://test", api_key=KEYS["balanced"], transport=transport) as hb:
+            answer = await hb.classify(["a", "b"], budget=0.5)
+            assert [r.budget_applied for r in answer.results] == [0.5, 0.5]
+            fb = await hb.feedback(answer.request_id, answer.results[0].label)
+            assert fb.correct
+            assert (await hb.models()).data[0].heads_total == 8
+            assert (await hb.ready()).status == "ready"
+            assert "headbudget_requests_total" in await hb.metrics()
+            with pytest.raises(HeadbudgetError) as e:
+                await hb.classify("x", budget=0.05)
+            assert e.value.status == 422 and e.value.code == "invalid_request"
+        async with AsyncClient("http://test", api_key=KEYS["cheap"], transport=transport) as cheap:
+            with pytest.raises(HeadbudgetError) as e:
+                await cheap.classify("x", budget=1.0)
+            assert e.value.status == 403 and e.value.request_id
