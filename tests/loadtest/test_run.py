@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +17,19 @@ from headbudget.loadtest.run import parse_duration, percentile_ms, summarize
 from tests.ops.live import KEYS, LiveService, free_port
 
 RUN = [sys.executable, "-m", "headbudget.loadtest.run"]
+
+
+def run(args: list[str], timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The runner in its own process group, killed with its locust child if it overruns ``timeout``."""
+    proc = subprocess.Popen([*RUN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"the runner overran {timeout} s:\n{out[-2000:]}{err[-2000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def _keys() -> list[str]:
@@ -58,21 +73,18 @@ def test_summary_excludes_bad_requests_from_p99_and_counts_every_failure(tmp_pat
 
 
 def test_exits_2_without_a_key_or_a_ready_server(tmp_path: Path) -> None:
-    proc = subprocess.run([*RUN, "--host", "http://127.0.0.1:9", "--out", str(tmp_path)], capture_output=True,
-                          text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    proc = run(["--host", "http://127.0.0.1:9", "--out", str(tmp_path)], 60, env={"PATH": "/usr/bin:/bin"})
     assert proc.returncode == 2 and "no API key" in proc.stderr
-    proc = subprocess.run([*RUN, "--host", f"http://127.0.0.1:{free_port()}", "--ready-timeout", "1",
-                           "--key-cheap", "k", "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    proc = run(["--host", f"http://127.0.0.1:{free_port()}", "--ready-timeout", "1", "--key-cheap", "k",
+                "--out", str(tmp_path)], 60)
     assert proc.returncode == 2 and "not ready" in proc.stderr
 
 
 @pytest.mark.slow
 def test_bounded_run_against_the_real_service(live_service: LiveService, tmp_path: Path) -> None:
     out = tmp_path / "report"
-    proc = subprocess.run([*RUN, "--host", live_service.url, "--users", "6", "--spawn-rate", "6",
-                           "--duration", "20s", *_keys(), "--max-error-rate", "0.01", "--max-p99-ms", "5000",
-                           "--bad-share", "0.1", "--out", str(out)],
-                          capture_output=True, text=True, timeout=180)
+    proc = run(["--host", live_service.url, "--users", "6", "--spawn-rate", "6", "--duration", "20s", *_keys(),
+                "--max-error-rate", "0.01", "--max-p99-ms", "5000", "--bad-share", "0.1", "--out", str(out)], 180)
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + json.dumps(summary, indent=1)
     assert summary["passed"] and summary["requests"] >= 100
@@ -87,9 +99,8 @@ def test_bounded_run_against_the_real_service(live_service: LiveService, tmp_pat
 
 @pytest.mark.slow
 def test_exits_1_when_a_threshold_is_exceeded(live_service: LiveService, tmp_path: Path) -> None:
-    proc = subprocess.run([*RUN, "--host", live_service.url, "--users", "2", "--spawn-rate", "2",
-                           "--duration", "4s", "--key-balanced", KEYS["balanced"], "--max-p99-ms", "0.001",
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    proc = run(["--host", live_service.url, "--users", "2", "--spawn-rate", "2", "--duration", "4s",
+                "--key-balanced", KEYS["balanced"], "--max-p99-ms", "0.001", "--out", str(tmp_path)], 120)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert not summary["passed"] and any("p99" in v for v in summary["violations"])
