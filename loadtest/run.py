@@ -22,13 +22,14 @@ import re
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
+
+from headbudget.client import Client, HeadbudgetError
 from headbudget.loadtest.mix import KEY_ENV, LABELS_ENV, TIERS
 
 log = logging.getLogger("headbudget.loadtest")
@@ -91,33 +92,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def wait_ready(host: str, timeout_s: float) -> None:
-    """Poll GET /readyz until it answers 200."""
-    deadline = time.monotonic() + timeout_s
-    last = "no answer"
-    while time.monotonic() < deadline:
+def preflight(host: str, key: str, timeout_s: float) -> list[str]:
+    """Wait for GET /readyz to say ready, then return the model's labels from /v1/models (for feedback with
+    true labels; [] if they cannot be read). Uses the typed client, as any API consumer would."""
+    with Client(host, api_key=key, timeout=5.0) as client:
+        deadline = time.monotonic() + timeout_s
+        last = "no answer"
+        while True:
+            try:
+                readiness = client.ready()
+                if readiness.status == "ready":
+                    break
+                last = json.dumps(readiness.checks)
+            except (httpx.HTTPError, ValueError) as e:
+                last = str(e) or type(e).__name__
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{host}/readyz not ready after {timeout_s:.0f} s ({last})")
+            time.sleep(0.5)
         try:
-            with urllib.request.urlopen(f"{host}/readyz", timeout=5) as resp:
-                if resp.status == 200:
-                    return
-                last = f"status {resp.status}"
-        except urllib.error.HTTPError as e:
-            last = f"status {e.code}"
-        except OSError as e:
-            last = str(e)
-        time.sleep(0.5)
-    raise RuntimeError(f"{host}/readyz not ready after {timeout_s:.0f} s ({last})")
-
-
-def model_labels(host: str, key: str) -> list[str]:
-    """The loaded model's labels from GET /v1/models (for feedback with true labels); [] if unavailable."""
-    req = urllib.request.Request(f"{host}/v1/models", headers={"X-API-Key": key} if key else {})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return [str(x) for x in json.load(resp)["data"][0]["labels"]]
-    except (OSError, ValueError, KeyError, IndexError) as e:
-        log.warning("could not read the model's labels from /v1/models (%s): no feedback will be sent", e)
-        return []
+            return list(client.models().data[0].labels)
+        except (HeadbudgetError, httpx.HTTPError, ValueError, IndexError) as e:
+            log.warning("could not read the model's labels from /v1/models (%s): no feedback will be sent", e)
+            return []
 
 
 def percentile_ms(response_times: dict[str, int], q: float) -> float | None:
@@ -222,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path("loadtest/reports") / datetime.now().strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     try:
-        wait_ready(host, args.ready_timeout)
-        stats_json = run_locust(args, out, locust_env(args, model_labels(host, keys[0])))
+        labels = preflight(host, keys[0], args.ready_timeout)
+        stats_json = run_locust(args, out, locust_env(args, labels))
     except RuntimeError as e:
         print(f"loadtest: error: {e}", file=sys.stderr)
         return 2
