@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.ops.live import serve_missing_reason
 from tests.ops.promql import ROOT
 
 DOCKERFILE = ROOT / "Dockerfile"
@@ -192,3 +193,19 @@ def test_entrypoint_passes_workers_and_extra_arguments(tmp_path: Path) -> None:
     out = subprocess.run([sh, *argv[1:], "--backend", "torch"], env=env, capture_output=True, text=True,
                          check=True).stdout.splitlines()
     assert out == [*SERVE.split(), "3", "--backend", "torch"]
+
+
+def test_entrypoint_arguments_are_accepted_by_the_real_cli(tmp_path: Path) -> None:
+    """The flags the image passes exist in `headbudget serve` and parse (model folder swapped for a real one)."""
+    from headbudget.cli import build_parser
+
+    if serve_missing_reason():
+        pytest.skip(serve_missing_reason())
+    try:
+        parser = build_parser()
+        argv = [w.replace("/models/current", str(tmp_path)) for w in SERVE.split()] + ["2"]
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        pytest.fail(f"`headbudget {' '.join(SERVE.split())} 2` is refused by the CLI (exit {e.code})")
+    assert args.command == "serve" and (args.host, args.port, args.workers) == ("0.0.0.0", 8000, 2)
+    assert str(args.config) == "/etc/headbudget/service.toml"
