@@ -42,6 +42,8 @@ COPY loadtest /src/loadtest
 RUN pip install --no-deps /src && headbudget --help > /dev/null
 
 # ---- runtime: the virtual environment, a non-root user, the config and (optionally) a baked model ---------
+# Everything the process writes goes to /tmp (metrics of the workers, caches, the ONNX graph cache when the
+# model folder is read-only), so the root filesystem can be mounted read-only.
 FROM ${PYTHON_IMAGE} AS runtime
 ARG MODEL_DIR=docker/no-model
 LABEL org.opencontainers.image.title="headbudget" \
@@ -54,6 +56,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     TOKENIZERS_PARALLELISM=false \
     OMP_NUM_THREADS=1 \
     MKL_NUM_THREADS=1 \
+    HF_HOME=/tmp/huggingface \
+    XDG_CACHE_HOME=/tmp/cache \
     WORKERS=1
 RUN groupadd --system --gid 10001 headbudget \
     && useradd --system --uid 10001 --gid headbudget --create-home --home-dir /home/headbudget \
