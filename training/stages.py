@@ -17,8 +17,10 @@ from headbudget.training.batches import TokenizedSplit, batches
 from headbudget.training.evaluation import accuracy, mean_accuracy
 from headbudget.training.recipes import Recipe
 
-Stage = Literal["dense", "budget", "hard"]
-STAGES: tuple[Stage, ...] = ("dense", "budget", "hard")
+Stage = Literal["dense", "budget", "hard", "recover"]
+STAGES: tuple[Stage, ...] = ("dense", "budget", "hard")  # the budgeted recipe
+# "recover" (baselines, METHODS.md section 4): fine-tune the encoder under the model's fixed hard mask at one
+# budget, gates frozen, distilling from a dense teacher; run with ``fixed_budget``.
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ def _optimizer(model: BudgetedClassifier, recipe: Recipe, stage: Stage, steps: i
     for p in model.parameters():
         p.requires_grad_(id(p) not in frozen)
     groups = [{"params": body, "lr": recipe.lr, "weight_decay": recipe.weight_decay}]
-    if stage != "dense":
+    if stage not in ("dense", "recover"):
         groups.append({"params": gate_params, "lr": recipe.gate_lr, "weight_decay": 0.0})
     else:
         for p in gate_params:
@@ -84,6 +86,8 @@ VIOLATION_TOLERANCE = 0.05
 def _select_metric(model: BudgetedClassifier, val: TokenizedSplit, stage: Stage, recipe: Recipe) -> float:
     if stage == "dense":
         return accuracy(model, val, "dense")
+    if stage == "recover":
+        return mean_accuracy(model, val, "hard", recipe.val_budgets)
     if stage == "budget":
         # Selecting on soft accuracy alone picked the first evaluation, taken before the gates had learned
         # to close (measured on AG News and SST-2: stage-2 "best" equalled the dense model, soft cost stuck
@@ -97,14 +101,18 @@ def _select_metric(model: BudgetedClassifier, val: TokenizedSplit, stage: Stage,
 
 def run_stage(
     model: BudgetedClassifier, stage: Stage, recipe: Recipe, train: TokenizedSplit, val: TokenizedSplit,
-    seed: int, teacher: BudgetedClassifier | None = None,
+    seed: int, teacher: BudgetedClassifier | None = None, fixed_budget: float | None = None,
 ) -> StageResult:
-    """Train ``model`` in place for one stage and leave it holding the best weights seen on validation."""
+    """Train ``model`` in place for one stage and leave it holding the best weights seen on validation.
+
+    ``fixed_budget`` trains every batch at that budget instead of b ~ U[b_min, 1] (the per-budget baselines).
+    """
     import time
 
     t0 = time.perf_counter()
     device = next(model.parameters()).device
-    epochs = {"dense": recipe.dense_epochs, "budget": recipe.budget_epochs, "hard": recipe.hard_epochs}[stage]
+    epochs = {"dense": recipe.dense_epochs, "budget": recipe.budget_epochs, "hard": recipe.hard_epochs,
+              "recover": recipe.hard_epochs}[stage]
     n = min(len(train), recipe.examples_per_stage or len(train))
     steps_per_epoch = math.ceil(n / recipe.batch_size)
     steps = max(1, int(round(epochs * steps_per_epoch)))
@@ -120,7 +128,7 @@ def run_stage(
         subset = TokenizedSplit(train.ids[:n], train.labels[:n], 0)
         for ids, mask, y in batches(subset, recipe.batch_size, device, shuffle=True, rng=rng,
                                     bucket=recipe.length_buckets):
-            b = float(rng.uniform(recipe.b_min, 1.0))
+            b = float(rng.uniform(recipe.b_min, 1.0)) if fixed_budget is None else fixed_budget
             loss = _stage_loss(model, stage, recipe, ids, mask, y, b, teacher)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -155,6 +163,12 @@ def _stage_loss(
     if stage == "budget":
         gates = model.soft_gates(bt)  # (1, L, H): one budget per batch
         return F.cross_entropy(model(ids, mask, gates[0]), y) + budget_losses(model, gates, b, recipe)
+    if stage == "recover":
+        assert teacher is not None, "recovery distils from the dense model"
+        with torch.no_grad():
+            t_logits = teacher(ids, mask)  # dense: every head, no gates
+        s_logits = model(ids, mask, model.hard_gates(b))  # the fixed pruning mask; gates are frozen
+        return distillation_loss(s_logits, t_logits, y, recipe.distill_alpha, recipe.distill_temperature)
     assert teacher is not None, "hard adaptation distils from the frozen stage-2 model"
     with torch.no_grad():
         t_logits = teacher(ids, mask, teacher.soft_gates(bt)[0])

@@ -1,0 +1,94 @@
+"""`headbudget compare`: the budgeted checkpoint against post-hoc pruning, recovery and static gates."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from headbudget.commands.common import budget_arg, positive_int
+
+
+def _list(kind: type, name: str, check=None):  # type: ignore[no-untyped-def]
+    """argparse type: a comma-separated, non-empty list without duplicates."""
+
+    def parse(text: str) -> tuple:  # type: ignore[type-arg]
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        try:
+            values = tuple(check(t) if check else kind(t) for t in items)
+        except (ValueError, argparse.ArgumentTypeError) as e:
+            raise argparse.ArgumentTypeError(f"{name}: {e}" if check else f"{name}: expected comma-separated "
+                                             f"{kind.__name__}s, got {text!r}") from None
+        if not values:
+            raise argparse.ArgumentTypeError(f"{name}: expected at least one value, got {text!r}")
+        if len(set(values)) != len(values):
+            raise argparse.ArgumentTypeError(f"{name}: duplicate values in {text!r}")
+        return values
+
+    return parse
+
+
+def _budget(text: str) -> float:
+    b = budget_arg(text)
+    if b <= 0.0 or b >= 1.0:
+        raise argparse.ArgumentTypeError(f"budget must be in (0, 1) (b = 1 is the dense row), got {text!r}")
+    return b
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("compare", help="compare the budgeted checkpoint with pruning and static baselines")
+    p.add_argument("--data", required=True, help="synthetic, a folder with train/test files, or a HF dataset name")
+    p.add_argument("--seeds", type=_list(int, "--seeds"), default=(7, 13, 21), help="e.g. 7,13,21")
+    p.add_argument("--budgets", type=_list(float, "--budgets", _budget), default=(0.25, 0.5, 0.75),
+                   help="e.g. 0.25,0.5,0.75")
+    p.add_argument("--base", default="minilm", choices=("minilm", "tiny"))
+    p.add_argument("--recipe", default="full", choices=("smoke", "quick", "full"))
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a recipe field (repeatable)")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda (training; latency is always CPU)")
+    p.add_argument("--importance-examples", type=positive_int, default=2000)
+    p.add_argument("--ablation-examples", type=int, default=500, help="0 skips the mask-one-head score")
+    p.add_argument("--limit", type=positive_int, default=None, help="test examples to evaluate (default all)")
+    p.add_argument("--latency-texts", type=int, default=200, help="test texts timed per artifact (0 = skip)")
+    p.add_argument("--latency-repeats", type=positive_int, default=3)
+    p.add_argument("--out", required=True, type=Path, help="folder for artifacts (cached) and the report")
+    p.set_defaults(func=run)
+
+
+def _engine_factory(folder: Path):  # type: ignore[no-untyped-def]
+    """The serving engine (ONNX Runtime fp32, one thread) of an artifact, as ids, mask, budget -> logits."""
+    from headbudget.engine.factory import load_engine
+    from headbudget.engine.types import EngineOptions
+
+    return load_engine(folder, EngineOptions(backend="onnxruntime", precision="fp32", threads=1)).predict_ids
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from headbudget.commands.common import CliError
+    from headbudget.training.compare import CompareConfig, run_compare
+    from headbudget.training.data import load_data
+    from headbudget.training.recipes import get_recipe, parse_overrides
+
+    if args.ablation_examples < 0 or args.latency_texts < 0:
+        raise CliError("--ablation-examples and --latency-texts must be >= 0")
+    try:
+        recipe = get_recipe(args.recipe, **parse_overrides(args.overrides))
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    if args.out.exists() and not args.out.is_dir():
+        raise CliError(f"--out {args.out} is a file; give a folder")
+    load_data(args.data, synthetic_size=recipe.synthetic_size)  # fail fast, before any training, on bad data
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    cfg = CompareConfig(data=args.data, seeds=args.seeds, budgets=tuple(sorted(args.budgets)), recipe=recipe,
+                        base=args.base, device=device, importance_examples=args.importance_examples,
+                        ablation_examples=args.ablation_examples, test_limit=args.limit,
+                        latency_texts=args.latency_texts, latency_repeats=args.latency_repeats,
+                        extra={"command": "headbudget " + shlex.join(sys.argv[1:]) if sys.argv[1:] else None})
+    doc = run_compare(cfg, args.out, _engine_factory)
+    print((args.out / "compare.md").read_text())
+    print(f"wrote {args.out / 'compare.json'}, {args.out / 'compare.md'}, {args.out / 'compare.png'} "
+          f"({doc['wall_seconds']:.0f} s)")
+    return 0
