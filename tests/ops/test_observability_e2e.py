@@ -8,6 +8,7 @@ import json
 import random
 import re
 import shutil
+import subprocess
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ import pytest
 import yaml
 
 from tests.ops.live import HOST, KEYS, LiveService, free_port, http, running, wait_until
-from tests.ops.promql import ALERTS, PROMETHEUS_YML, dashboard_queries, rules
+from tests.ops.promql import ALERTS, PROMETHEUS_YML, dashboard_queries, promtool, rules
 
 pytestmark = pytest.mark.slow
 RATE_INTERVAL = "1m"  # what $__rate_interval becomes: covers the whole traffic phase at a 1 s scrape interval
@@ -117,6 +118,14 @@ def test_metrics_reach_prometheus_from_every_worker(live_service: LiveService, s
     r = prom_query(scraped, 'sum(headbudget_requests_total{status="200"})')["data"]["result"]
     per_round = 2 * (2 + 3 + 2) + 2 * 3  # two bodies per budget, plus max_latency_ms and default per tier
     assert float(r[0]["value"][1]) >= 6 * per_round
+
+
+def test_live_metrics_pass_promtool_lint(live_service: LiveService, scraped: str) -> None:
+    """Naming and type conventions of the exposition the service really serves, all workers aggregated."""
+    status, text = http("GET", f"{live_service.url}/metrics")
+    assert status == 200 and "headbudget_requests_total" in text
+    proc = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_every_dashboard_query_runs_and_returns_data(scraped: str) -> None:
