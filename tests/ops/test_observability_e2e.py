@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.ops.live import HOST, KEYS, LiveService, free_port, http, running, wait_until
-from tests.ops.promql import ALERTS, PROMETHEUS_YML, dashboard_queries, promtool, rules
+from tests.ops.promql import ALERTS, PROMETHEUS_YML, ROOT, dashboard_queries, promtool, rules
 
 pytestmark = pytest.mark.slow
 RATE_INTERVAL = "1m"  # what $__rate_interval becomes: covers the whole traffic phase at a 1 s scrape interval
@@ -175,6 +175,17 @@ def test_every_alert_expression_runs_and_its_signals_return_data(scraped: str) -
             if not prom_query(scraped, signal)["data"]["result"]:
                 problems[f"{rule['alert']}: {signal}"] = "no data"
     assert not problems, json.dumps(problems, indent=2)
+
+
+def test_autoscaler_query_returns_data(scraped: str) -> None:
+    """prometheus-adapter's metricsQuery for the HPA, filled in as the adapter would (with the labels a
+    Kubernetes scrape adds replaced by this scrape's own), returns a number per target."""
+    adapter = ROOT / "deploy" / "kubernetes" / "prometheus-adapter" / "rules.yaml"
+    (rule,) = yaml.safe_load(adapter.read_text())["rules"]
+    query = (rule["metricsQuery"].replace("<<.Series>>", rule["name"]["as"])
+             .replace("<<.LabelMatchers>>", 'job="headbudget"').replace("<<.GroupBy>>", "instance"))
+    answer = prom_query(scraped, query)
+    assert answer["status"] == "success" and len(answer["data"]["result"]) == 1, answer
 
 
 def test_online_and_offline_accuracy_share_budget_labels(scraped: str) -> None:
