@@ -111,3 +111,19 @@ def test_config_from_env_reads_keys_labels_and_overrides() -> None:
     assert {cfg.pick_tier(rng) for _ in range(200)} == {"balanced", "quality"}
     with pytest.raises(ValueError, match="HEADBUDGET_KEY_"):
         MixConfig.from_env({}).pick_tier(rng)
+
+
+def test_locustfile_loads_without_the_headbudget_package(tmp_path: Path) -> None:
+    """As in the compose locust container: locustfile.py and mix.py in a folder, no headbudget installed.
+    (A subprocess: importing locust monkey-patches the standard library with gevent.)"""
+    import shutil
+    import subprocess
+    import sys
+
+    for name in ("locustfile.py", "mix.py"):
+        shutil.copy(ROOT / "loadtest" / name, tmp_path / name)
+    code = ("import sys; sys.modules['headbudget'] = None; sys.path.insert(0, sys.argv[1]); import locustfile; "
+            "assert locustfile.CONFIG.keys == {'balanced': 'kb'}; print(locustfile.ApiClient.__name__)")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                          env={"PATH": "/usr/bin:/bin", "HEADBUDGET_KEY_BALANCED": "kb"}, cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ApiClient", proc.stderr[-2000:]
