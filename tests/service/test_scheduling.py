@@ -123,15 +123,14 @@ def test_planner_degrades_only_when_the_queue_would_miss_the_target() -> None:
 def test_planner_max_latency_picks_lower_budgets_for_tighter_limits() -> None:
     config = make_config()
     planner = Planner(FakeEngine(), LatencyModel(BENCH, 512))
-    now = time.monotonic()
     chosen = {}
     for limit in (50.0, 8.0, 3.0, 0.5):
         job = _job("balanced", config, ["t"], None, 100, max_latency_ms=limit)
-        chosen[limit] = planner.want(job, now)
+        chosen[limit] = planner.want(job, job.enqueued)  # at arrival: the whole limit is left
     assert chosen[50.0] == 1.0 and chosen[0.5] == 0.1
     assert chosen[50.0] > chosen[8.0] > chosen[3.0] >= chosen[0.5]
     capped = _job("cheap", config, ["t"], None, 100, max_latency_ms=50.0)
-    assert planner.want(capped, now) == 0.5  # never above the tier's maximum
+    assert planner.want(capped, capped.enqueued) == 0.5  # never above the tier's maximum
 
 
 async def test_degrading_tier_answers_lower_budgets_instead_of_503() -> None:
@@ -229,7 +228,10 @@ async def test_shutdown_finishes_queued_requests() -> None:
         await cm.__aenter__()
         tasks = [asyncio.create_task(client.post("/classify", json={"text": f"t{i}"}, headers=headers()))
                  for i in range(5)]
-        await asyncio.sleep(0.02)
+        batcher = app.state.runtime.batcher
+        while batcher.depth + len(engine.calls) < 5:  # all five accepted: one running, the rest queued
+            await asyncio.sleep(0.005)
+        assert batcher.depth >= 3
         await cm.__aexit__(None, None, None)  # shutdown while requests wait
         rs = await asyncio.gather(*tasks)
     assert [r.status_code for r in rs] == [200] * 5 and engine.closed
