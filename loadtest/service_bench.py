@@ -1,0 +1,215 @@
+"""Server overhead and throughput benchmark: `python -m headbudget.loadtest.service_bench --model DIR --out FILE`.
+
+1. Overhead: one worker, batch-1 requests one after another; for each text, round-trip time minus the
+   engine's own latency for the same text and budget (measured in this process, same engine options).
+2. Throughput: N workers under C concurrent clients for D seconds, with micro-batching (the configured batch
+   window) and without it (max_batch_size = 1, no wait), counting 200 answers.
+Everything runs on 127.0.0.1; every server started here is stopped here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+CONFIG = """
+[server]
+max_batch_size = {batch}
+max_wait_ms = {wait}
+queue_size = 4096
+request_timeout_s = 30
+
+[development]
+anonymous_tier = "bench"
+
+[tiers.bench]
+default_budget = {budget}
+max_budget = 1.0
+rate_limit = 1000000000
+burst = 1000000
+priority = 0
+max_queue = 4096
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def load_texts(folder: Path, n: int, seed: int = 0) -> list[str]:
+    with open(folder / "test.csv", encoding="utf-8", newline="") as f:
+        texts = [r["text"] for r in csv.DictReader(f) if r["text"].strip()]
+    random.Random(seed).shuffle(texts)
+    return texts[:n]
+
+
+class Server:
+    """`headbudget serve` in a subprocess on a free loopback port, stopped on exit."""
+
+    def __init__(self, model: Path, workers: int, batch: int, wait_ms: float, budget: float) -> None:
+        self.port = free_port()
+        self.dir = tempfile.TemporaryDirectory()
+        cfg = Path(self.dir.name) / "bench.toml"
+        cfg.write_text(CONFIG.format(batch=batch, wait=wait_ms, budget=budget))
+        cmd = [sys.executable, "-m", "headbudget.cli", "serve", "--model", str(model), "--config", str(cfg),
+               "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(workers), "--log-level", "warning"]
+        # The access log goes to a file: an unread pipe fills after ~64 KB and then blocks the server.
+        self.log = open(Path(self.dir.name) / "server.log", "w+b")  # noqa: SIM115 - closed in __exit__
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log, start_new_session=True)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> Server:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.log.seek(0)
+                raise RuntimeError(f"server exited: {self.log.read().decode(errors='replace')[-2000:]}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError("server not ready in 180 s")
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=40)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.log.close()
+        self.dir.cleanup()
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+def overhead(model: Path, texts: list[str], budget: float, wait_ms: float) -> dict[str, Any]:
+    """Round trip minus the engine's own time, per text, one worker, sequential batch-1 requests."""
+    from headbudget.engine.factory import load_engine
+    from headbudget.engine.types import EngineOptions
+
+    engine = load_engine(model, EngineOptions())
+    engine.warmup()
+    engine_ms = []
+    for t in texts:
+        runs = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            engine.predict([t], budget)
+            runs.append((time.perf_counter() - t0) * 1e3)
+        engine_ms.append(statistics.median(runs))
+    engine.close()
+    rtt, server_ms = [], []
+    with Server(model, 1, 32, wait_ms, budget) as srv, httpx.Client(base_url=srv.url, timeout=30) as client:
+        for t in texts[:20]:  # warm the connection and the server's caches
+            client.post("/classify", json={"text": t, "budget": budget})
+        for t in texts:
+            t0 = time.perf_counter()
+            r = client.post("/classify", json={"text": t, "budget": budget})
+            rtt.append((time.perf_counter() - t0) * 1e3)
+            r.raise_for_status()
+            server_ms.append(float(r.json()["results"][0]["latency_ms"]))
+    diffs = [a - b for a, b in zip(rtt, engine_ms, strict=True)]
+    return {
+        "n_requests": len(texts), "budget": budget, "batch_window_ms": wait_ms,
+        "overhead_median_ms": statistics.median(diffs), "overhead_p99_ms": pct(diffs, 0.99),
+        "rtt_median_ms": statistics.median(rtt), "rtt_p99_ms": pct(rtt, 0.99),
+        "engine_median_ms": statistics.median(engine_ms), "engine_p99_ms": pct(engine_ms, 0.99),
+        "server_reported_latency_median_ms": statistics.median(server_ms),
+    }
+
+
+async def _load(url: str, texts: list[str], budget: float, concurrency: int, duration: float) -> dict[str, Any]:
+    ok, codes, lat = 0, {}, []
+    stop = time.monotonic() + duration
+
+    async def user(i: int) -> None:
+        nonlocal ok
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            j = i
+            while time.monotonic() < stop:
+                t0 = time.perf_counter()
+                r = await client.post("/classify", json={"text": texts[j % len(texts)], "budget": budget})
+                lat.append((time.perf_counter() - t0) * 1e3)
+                codes[r.status_code] = codes.get(r.status_code, 0) + 1
+                ok += r.status_code == 200
+                j += concurrency
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(user(i) for i in range(concurrency)))
+    wall = time.monotonic() - t0
+    return {"rps": ok / wall, "status_counts": {str(k): v for k, v in codes.items()},
+            "latency_p50_ms": pct(lat, 0.5), "latency_p99_ms": pct(lat, 0.99), "wall_s": wall}
+
+
+def throughput(model: Path, texts: list[str], budget: float, workers: int, concurrency: int, duration: float,
+               batching: bool, wait_ms: float) -> dict[str, Any]:
+    """Requests per second served with 200 by ``workers`` under ``concurrency`` clients."""
+    batch, wait = (32, wait_ms) if batching else (1, 0.0)
+    with Server(model, workers, batch, wait, budget) as srv:
+        asyncio.run(_load(srv.url, texts[:50], budget, concurrency, 3.0))  # warm-up
+        res = asyncio.run(_load(srv.url, texts, budget, concurrency, duration))
+    return {"micro_batching": batching, "max_batch_size": batch, "max_wait_ms": wait, **res}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m headbudget.loadtest.service_bench", description=__doc__)
+    p.add_argument("--model", type=Path, required=True)
+    p.add_argument("--data", type=Path, default=Path("../shared/data/ag_news"))
+    p.add_argument("--budget", type=float, default=0.5)
+    p.add_argument("--requests", type=int, default=300)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--duration", type=float, default=20.0)
+    p.add_argument("--wait-ms", type=float, default=3.0)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    if not (args.model / "config.json").is_file() or not (args.data / "test.csv").is_file():
+        print("service_bench: error: need a checkpoint folder and a data folder with test.csv", file=sys.stderr)
+        return 2
+    texts = load_texts(args.data, args.requests)
+    result: dict[str, Any] = {"model": str(args.model), "cpu": _cpu(), "date": time.strftime("%Y-%m-%d"),
+                              "workers": args.workers, "concurrency": args.concurrency}
+    result.update(overhead(args.model, texts, args.budget, args.wait_ms))
+    result["throughput"] = [
+        throughput(args.model, texts, args.budget, args.workers, args.concurrency, args.duration, b, args.wait_ms)
+        for b in (True, False)
+    ]
+    result["rps"] = {("batching" if t["micro_batching"] else "no_batching"): t["rps"] for t in result["throughput"]}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "throughput"}, indent=2))
+    return 0
+
+
+def _cpu() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        return next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "unknown")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
