@@ -22,6 +22,7 @@ process and round-robin over all artifacts of a seed, so that their ratios are p
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -217,8 +218,7 @@ def _build(cfg: CompareConfig, ctx: SeedContext, folder: Path, method: str, budg
             save_checkpoint(soft.cpu(), soft_dir, {"stage": "budget", "method": "static", "budget": budget})
             soft.to(cfg.device)
             (soft_dir / "done.json").write_text(json.dumps(asdict(res), indent=2) + "\n")
-        model = baselines.reset_gates(soft)
-        model.load_state_dict(soft.state_dict())
+        model = copy.deepcopy(soft)  # stage 3 continues from the stage-2 weights and gates; soft is its teacher
         baselines.static_hard(model, budget, cfg.recipe, ctx.train, ctx.val, soft, seed + 1)
         return model
     raise ValueError(f"unknown method {method!r}")

@@ -118,6 +118,12 @@ def markdown(doc: dict[str, Any]) -> str:
            + (doc["latency"]["engine"] + f", mean per text over {doc['latency']['texts']} test texts, median of "
               f"{doc['latency']['repeats']} passes; speedup vs the dense model in the same process"
               if doc.get("latency") else "not measured") + ".", "",
+           "Methods: `budgeted` is the one budget-conditioned checkpoint (hard top-k); `soft-only` is the same run "
+           "before hard adaptation (its stage-2 checkpoint) served with hard masks; `posthoc` is the dense warm "
+           "start pruned by gradient importance E|dL/dξ| (`-structural`: at least one head per layer), no "
+           "training; `posthoc+recovery` adds one epoch of dense-teacher distillation (T = 2) under the fixed "
+           "mask, and `static` trains gates for one fixed budget (soft stage, then hard adaptation): both give "
+           "one artifact per budget, evaluated only at that budget.", "",
            "| method | b | cost | accuracy | Δ vs dense | latency ms | speedup |", "|---|---|---|---|---|---|---|"]
     for r in doc["rows"]:
         out.append(f"| {r['method']} | {r['budget']:.2f} | {r['cost_mean']:.3f} | {_pm(r['accuracy_mean'], r['accuracy_std'], 100)} "
