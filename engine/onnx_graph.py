@@ -25,10 +25,14 @@ from headbudget.engine.weights import Arrays
 from headbudget.models.config import ModelConfig
 
 # Bump whenever the graph or the weight layout changes: it is part of the on-disk cache key.
-BUILDER_VERSION = 4
+BUILDER_VERSION = 5
 OPSET = 17
 MS = "com.microsoft"
 _NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int8): TensorProto.INT8}
+
+
+# Initializers outside the layers; int8 adds the word table's per-row scales.
+_SHARED = ("word", "pos_tt", "emb_g", "emb_b", "cls_w", "cls_b")
 
 
 def _sliced(store: Arrays, layer: int, k: int, dh: int, precision: Precision, cache: dict[str, np.ndarray]) -> Arrays:
@@ -51,7 +55,7 @@ def bind(
     store: Arrays, cfg: ModelConfig, layer_k: Sequence[int], precision: Precision, cache: dict[str, np.ndarray]
 ) -> Arrays:
     """Every initializer the graph for ``layer_k`` names, as arrays backed by ``store`` (or ``cache``)."""
-    out: Arrays = {n: store[n] for n in ("word", "pos_tt", "emb_g", "emb_b", "cls_w", "cls_b")}
+    out: Arrays = {n: store[n] for n in _SHARED + (("word_s",) if precision == "int8" else ())}
     for layer, k in enumerate(layer_k):
         p = f"l{layer}."
         names = ["bo", "ln1_g", "ln1_b", "w1", "b1", "w2", "b2", "ln2_g", "ln2_b"]
@@ -141,9 +145,16 @@ class _Graph:
         n = self.op("Shape", [ids], start=1, end=2)  # (1,) = [N]
         zero = self.const("zero", np.zeros(1, np.int64))
         pos = self.op("Slice", ["pos_tt", zero, n, zero])  # (N, D)
-        x = self.op("Add", [self.op("Gather", ["word", ids]), pos])  # (B, N, D)
+        x = self.op("Add", [self.word(ids), pos])  # (B, N, D)
         x = self.op("LayerNormalization", [x, "emb_g", "emb_b"], axis=-1, epsilon=self.cfg.layer_norm_eps)
         return self.op("Reshape", [x, self.const("flat_d", np.array([-1, self.cfg.hidden_size], np.int64))])
+
+    def word(self, ids: str) -> str:
+        """Word vectors (B, N, D); int8: gathered int8 rows times their gathered scales (B, N, 1)."""
+        if self.precision == "int8":
+            rows = self.op("Cast", [self.op("Gather", ["word", ids])], to=TensorProto.FLOAT)
+            return self.op("Mul", [rows, self.op("Gather", ["word_s", ids])])
+        return self.op("Gather", ["word", ids])
 
     def mask_bias(self, mask: str) -> str:
         """0 for real tokens, -1e9 for padding, (B, 1, 1, N): after softmax padding weighs exactly 0."""
@@ -225,7 +236,7 @@ def dynamic_arrays(store: Arrays, cfg: ModelConfig, precision: Precision, cache:
     """
     names = ["bo", "ln1_g", "ln1_b", "w1", "b1", "w2", "b2", "ln2_g", "ln2_b"]
     names += ["w1_s", "w2_s", "wo_s"] if precision == "int8" else []
-    out: Arrays = {n: store[n] for n in ("word", "pos_tt", "emb_g", "emb_b", "cls_w", "cls_b")}
+    out: Arrays = {n: store[n] for n in _SHARED + (("word_s",) if precision == "int8" else ())}
     for layer in range(cfg.n_layers):
         out.update({f"l{layer}.{n}": store[f"l{layer}.{n}"] for n in names})
         out.update(_sliced(store, layer, cfg.n_heads, cfg.head_dim, precision, cache))

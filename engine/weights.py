@@ -134,6 +134,14 @@ def quantize_columns(w_kn: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(q), scale
 
 
+def quantize_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 per row of a (V, D) lookup table: (int8 (V, D), float32 scale (V, 1))."""
+    scale = np.abs(table).max(axis=1, keepdims=True) / 127.0
+    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    q = np.clip(np.rint(table / scale), -127, 127).astype(np.int8)
+    return np.ascontiguousarray(q), scale
+
+
 def pack(state: Arrays, cfg: ModelConfig, perms: np.ndarray, precision: Precision) -> Arrays:
     """The engine's weight store: every array all budgets share, in the layout described above."""
     dh = cfg.head_dim
@@ -145,6 +153,10 @@ def pack(state: Arrays, cfg: ModelConfig, perms: np.ndarray, precision: Precisio
         "emb_g": state[e + "norm.weight"], "emb_b": state[e + "norm.bias"],
         "cls_w": state["classifier.weight"], "cls_b": state["classifier.bias"],
     }
+    if precision == "int8":
+        # The word table is most of the model (30522 x 384 fp32 = 47 MB for MiniLM): int8 rows with one
+        # scale each, dequantized after the Gather (only the B*N gathered rows), as quantize_dynamic does.
+        out["word"], out["word_s"] = quantize_rows(out["word"])
     for layer in range(cfg.n_layers):
         p = f"encoder.layers.{layer}."
         # Feature indices of the heads in rank order: (H*dh,).
