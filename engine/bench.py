@@ -17,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +156,10 @@ def _memory_child() -> None:
         print(json.dumps({"dense_mb": round(rss_mb() - base, 1)}))
 
 
+def _at_budget(engine: Any, budget: float, ids: np.ndarray, mask: np.ndarray) -> object:
+    return engine.predict_ids(ids, mask, budget)
+
+
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """Measure everything bench.json holds; see the CLI (headbudget bench) for the table."""
     import torch
@@ -171,7 +176,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="headbudget-bench-"))
     dense_fp32, dense_int8 = peers.export_dense(model, work)
     methods: dict[str, Callable[[np.ndarray, np.ndarray], object]] = {
-        f"engine@{b}": (lambda ids, mask, b=b: engine.predict_ids(ids, mask, b)) for b in BENCH_BUDGETS
+        f"engine@{b}": partial(_at_budget, engine, b) for b in BENCH_BUDGETS
     }
     methods.update({
         "hf_eager": peers.torch_runner(peers.hf_model(model, "eager")),

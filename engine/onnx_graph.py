@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
 
 import numpy as np
 import onnx
@@ -75,7 +77,7 @@ class _Graph:
         self.nodes: list[onnx.NodeProto] = []
         self.count = 0
 
-    def op(self, op_type: str, inputs: Sequence[str], domain: str = "", n_out: int = 1, **attrs: object) -> str:
+    def op(self, op_type: str, inputs: Sequence[str], domain: str = "", n_out: int = 1, **attrs: Any) -> str:
         self.count += 1
         outs = [f"{op_type.lower()}_{self.count}" + (f"_{i}" if n_out > 1 else "") for i in range(n_out)]
         self.nodes.append(helper.make_node(op_type, list(inputs), outs, domain=domain or None, **attrs))
@@ -301,8 +303,8 @@ def build_dynamic(cfg: ModelConfig, precision: Precision, arrays: Arrays) -> onn
         if precision == "int8":
             inputs.append(helper.make_tensor_value_info(p + "wqkv_s", TensorProto.FLOAT, [None]))
         h = x
-        x = g.switch(p + "full", lambda c, h=h, layer=layer: c.attention(h, bn, bias, layer, cfg.n_heads),
-                     lambda c, h=h, layer=layer: c.attention(h, bn, bias, layer, None))
+        x = g.switch(p + "full", partial(_Graph.attention, x=h, bn=bn, bias=bias, layer=layer, k=cfg.n_heads),
+                     partial(_Graph.attention, x=h, bn=bn, bias=bias, layer=layer, k=None))
         x = g.ffn(x, layer)
     logits = g.op("Gemm", [g.pool(x, bn, "attention_mask"), "cls_w", "cls_b"], transB=1)  # (B, C)
     return _model(g, inputs, {"logits": logits}, arrays)

@@ -30,8 +30,10 @@ def hf_model(model: BudgetedClassifier, attn: str) -> torch.nn.Module:
     config = BertConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, num_hidden_layers=c.n_layers,
                         num_attention_heads=c.n_heads, intermediate_size=c.intermediate_size,
                         max_position_embeddings=c.max_position, type_vocab_size=c.type_vocab_size,
-                        layer_norm_eps=c.layer_norm_eps, num_labels=c.n_labels, attn_implementation=attn)
-    hf = BertForSequenceClassification(config).eval()
+                        layer_norm_eps=c.layer_norm_eps, num_labels=c.n_labels,  # type: ignore[call-arg]
+                        attn_implementation=attn)  # BertConfig takes these through **kwargs; the stub omits them
+    hf = BertForSequenceClassification(config)
+    hf.eval()  # type: ignore[no-untyped-call]  # transformers leaves Module.eval's override unannotated
     state = hf.state_dict()
     for name, value in model.state_dict().items():
         if name.startswith("encoder."):

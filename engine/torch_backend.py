@@ -14,7 +14,8 @@ import torch
 from headbudget.engine.base import EngineBase
 from headbudget.engine.errors import ModelLoadError
 from headbudget.engine.types import EngineOptions, ModelInfo
-from headbudget.models.checkpoint import CheckpointError, load_checkpoint
+from headbudget.models.checkpoint import load_checkpoint
+from headbudget.models.checkpoint_meta import CheckpointError
 
 
 class TorchEngine(EngineBase):
@@ -44,4 +45,5 @@ class TorchEngine(EngineBase):
         gate = torch.as_tensor(self._mask(budget), dtype=torch.float32)  # (L, H)
         with torch.inference_mode():
             logits = self.model(torch.from_numpy(input_ids), torch.from_numpy(attention_mask.astype(np.int64)), gate)
-        return logits.numpy()  # (B, C)
+        out: np.ndarray = logits.numpy()  # (B, C)
+        return out
