@@ -44,7 +44,7 @@ test: install system-deps
 
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/mypy engine service
+	$(BIN)/mypy -p headbudget.engine -p headbudget.service
 
 $(CHECKPOINT)/config.json: | $(STAMP)
 	$(BIN)/headbudget train --base minilm --data $(DATA) --recipe quick --out $(CHECKPOINT) --seed 7
