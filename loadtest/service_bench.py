@@ -63,11 +63,12 @@ def load_texts(folder: Path, n: int, seed: int = 0) -> list[str]:
 class Server:
     """`headbudget serve` in a subprocess on a free loopback port, stopped on exit."""
 
-    def __init__(self, model: Path, workers: int, batch: int, wait_ms: float, budget: float) -> None:
+    def __init__(self, model: Path, workers: int, batch: int = 32, wait_ms: float = 3.0, budget: float = 0.5,
+                 config_text: str | None = None) -> None:
         self.port = free_port()
         self.dir = tempfile.TemporaryDirectory()
         cfg = Path(self.dir.name) / "bench.toml"
-        cfg.write_text(CONFIG.format(batch=batch, wait=wait_ms, budget=budget))
+        cfg.write_text(config_text or CONFIG.format(batch=batch, wait=wait_ms, budget=budget))
         cmd = [sys.executable, "-m", "headbudget.cli", "serve", "--model", str(model), "--config", str(cfg),
                "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(workers), "--log-level", "warning"]
         # The access log goes to a file: an unread pipe fills after ~64 KB and then blocks the server.

@@ -1,0 +1,201 @@
+"""Capacity and soak benchmark: `python -m headbudget.loadtest.capacity --model DIR --out load.json`.
+
+For 2 workers (configurable), on 127.0.0.1 only:
+1. capacity: for each budget, closed-loop clients at rising concurrency; the sustained requests per second
+   of the highest level whose p99 stays under the target (250 ms), and the first level past it;
+2. overload: far more clients than the queue holds: counts of 200 / 503 (with Retry-After) / other, and
+   whether the server still answers /healthz afterwards;
+3. soak: steady load for N seconds, sampling each worker's resident memory; growth from the first sample
+   after warm-up to the last;
+4. rate limit across workers (needs `redis-server`): one key, limit R/min with burst B, hammered through both
+   workers; 200s counted against the exact allowance burst + rate * elapsed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from headbudget.loadtest.service_bench import CONFIG, Server, _cpu, free_port, load_texts, pct
+
+SOAK_CONFIG = CONFIG.replace("queue_size = 4096", "queue_size = {queue}").replace("max_queue = 4096",
+                                                                                  "max_queue = {queue}")
+
+
+async def closed_loop(url: str, texts: list[str], budget: float, users: int, seconds: float) -> dict[str, Any]:
+    """``users`` clients, each sending its next request when the last one is answered."""
+    codes: dict[str, int] = {}
+    lat: list[float] = []
+    retry_after = 0
+    stop = time.monotonic() + seconds
+
+    async def user(i: int) -> None:
+        nonlocal retry_after
+        async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+            j = i
+            while time.monotonic() < stop:
+                t0 = time.perf_counter()
+                r = await c.post("/classify", json={"text": texts[j % len(texts)], "budget": budget})
+                if r.status_code == 200:
+                    lat.append((time.perf_counter() - t0) * 1e3)
+                codes[str(r.status_code)] = codes.get(str(r.status_code), 0) + 1
+                retry_after += r.status_code == 503 and "retry-after" in r.headers
+                if r.status_code == 503:
+                    await asyncio.sleep(float(r.headers.get("retry-after", "1")))
+                j += users
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(user(i) for i in range(users)))
+    wall = time.monotonic() - t0
+    ok = codes.get("200", 0)
+    return {"users": users, "rps": ok / wall, "p50_ms": pct(lat, 0.5) if lat else None,
+            "p99_ms": pct(lat, 0.99) if lat else None, "codes": codes, "retry_after_on_503": retry_after}
+
+
+def capacity(model: Path, texts: list[str], workers: int, budgets: list[float], target_ms: float,
+             seconds: float, levels: list[int]) -> list[dict[str, Any]]:
+    """Highest sustained rps with p99 under ``target_ms`` per budget."""
+    out = []
+    for b in budgets:
+        with Server(model, workers, 32, 3.0, b) as srv:
+            asyncio.run(closed_loop(srv.url, texts[:50], b, 4, 2.0))
+            runs = []
+            for users in levels:
+                r = asyncio.run(closed_loop(srv.url, texts, b, users, seconds))
+                runs.append(r)
+                if r["p99_ms"] is None or r["p99_ms"] > target_ms:
+                    break
+        good = [r for r in runs if r["p99_ms"] is not None and r["p99_ms"] <= target_ms]
+        best = max(good, key=lambda r: r["rps"]) if good else None
+        out.append({"budget": b, "sustained_rps": best["rps"] if best else 0.0,
+                    "at_users": best["users"] if best else None, "p99_ms": best["p99_ms"] if best else None,
+                    "levels": runs})
+    return out
+
+
+def overload(model: Path, texts: list[str], workers: int, users: int, seconds: float) -> dict[str, Any]:
+    """Many more clients than a small queue holds: the server sheds with 503 + Retry-After and stays up."""
+    cfg = SOAK_CONFIG.format(batch=32, wait=3.0, budget=1.0, queue=16)
+    with Server(model, workers, config_text=cfg) as srv:
+        r = asyncio.run(closed_loop(srv.url, texts, 1.0, users, seconds))
+        r["healthz_after"] = httpx.get(f"{srv.url}/healthz", timeout=5).status_code
+        r["server_alive_after"] = srv.proc.poll() is None
+    return r
+
+
+def worker_rss_mb(root_pid: int) -> list[float]:
+    """Resident memory of each process under the server (uvicorn workers and the supervisor's children)."""
+    try:
+        children = psutil.Process(root_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    return sorted(round(p.memory_info().rss / 2**20, 1) for p in children if p.is_running())
+
+
+def soak(model: Path, texts: list[str], workers: int, users: int, seconds: float, every: float) -> dict[str, Any]:
+    """Steady load; each worker's RSS every ``every`` seconds."""
+    samples: list[dict[str, Any]] = []
+    with Server(model, workers, 32, 3.0, 0.5) as srv:
+        async def run() -> dict[str, Any]:
+            async def sample() -> None:
+                t0 = time.monotonic()
+                while time.monotonic() - t0 < seconds:
+                    samples.append({"t": round(time.monotonic() - t0, 1), "rss_mb": worker_rss_mb(srv.proc.pid)})
+                    await asyncio.sleep(every)
+            res, _ = await asyncio.gather(closed_loop(srv.url, texts, 0.5, users, seconds), sample())
+            return res
+        load = asyncio.run(run())
+    first = next((s for s in samples if s["t"] >= min(60.0, seconds / 5)), samples[0])
+    last = samples[-1]
+    growth = [(b - a) / a * 100 for a, b in zip(first["rss_mb"], last["rss_mb"], strict=False) if a]
+    return {"seconds": seconds, "users": users, "load": load, "samples": samples,
+            "rss_growth_percent_per_process": [round(g, 2) for g in growth],
+            "flat_within_5_percent": all(abs(g) <= 5 for g in growth)}
+
+
+def rate_limit_across_workers(model: Path, texts: list[str], workers: int, rate_per_min: float, burst: int,
+                              seconds: float) -> dict[str, Any]:
+    """One key through ``workers`` workers sharing Redis: allowed requests vs the exact allowance."""
+    exe = shutil.which("redis-server")
+    if not exe:
+        return {"skipped": "redis-server not installed"}
+    port = free_port()
+    redis = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        import hashlib
+
+        key = "hb-capacity-test-key"
+        cfg_text = (f'[server]\nmax_batch_size = 32\nmax_wait_ms = 3\n[state]\nredis_url = "redis://127.0.0.1:{port}/0"\n'
+                    f'[tiers.t]\ndefault_budget = 0.25\nmax_budget = 1.0\nrate_limit = {rate_per_min}\nburst = {burst}\n'
+                    f'max_queue = 4096\n[[keys]]\nsha256 = "{hashlib.sha256(key.encode()).hexdigest()}"\ntier = "t"\n')
+        with Server(model, workers, config_text=cfg_text) as srv:
+            codes: dict[str, int] = {}
+
+            async def hammer() -> float:
+                t0 = time.monotonic()
+                async def user() -> None:
+                    async with httpx.AsyncClient(base_url=srv.url, timeout=30, headers={"X-API-Key": key}) as c:
+                        while time.monotonic() - t0 < seconds:
+                            r = await c.post("/classify", json={"text": texts[0]})
+                            codes[str(r.status_code)] = codes.get(str(r.status_code), 0) + 1
+                await asyncio.gather(*(user() for _ in range(8)))
+                return time.monotonic() - t0
+            elapsed = asyncio.run(hammer())
+        allowed = codes.get("200", 0)
+        allowance = burst + rate_per_min / 60.0 * elapsed
+        return {"workers": workers, "rate_per_min": rate_per_min, "burst": burst, "elapsed_s": elapsed,
+                "codes": codes, "allowed": allowed, "exact_allowance": allowance,
+                "excess_over_allowance": allowed - allowance}
+    finally:
+        redis.terminate()
+        redis.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m headbudget.loadtest.capacity", description=__doc__)
+    p.add_argument("--model", type=Path, required=True)
+    p.add_argument("--data", type=Path, default=Path("../shared/data/ag_news"))
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--budgets", default="1.0,0.5,0.25")
+    p.add_argument("--target-p99-ms", type=float, default=250.0)
+    p.add_argument("--step-seconds", type=float, default=10.0)
+    p.add_argument("--levels", default="1,2,4,8,16,32")
+    p.add_argument("--soak-seconds", type=float, default=600.0)
+    p.add_argument("--soak-users", type=int, default=4)
+    p.add_argument("--out", type=Path, required=True)
+    a = p.parse_args(argv)
+    if not (a.model / "config.json").is_file() or not (a.data / "test.csv").is_file():
+        print("capacity: error: need a checkpoint folder and a data folder with test.csv", file=sys.stderr)
+        return 2
+    texts = load_texts(a.data, 500)
+    res: dict[str, Any] = {"model": str(a.model), "cpu": _cpu(), "date": time.strftime("%Y-%m-%d"),
+                           "workers": a.workers, "target_p99_ms": a.target_p99_ms}
+    res["capacity"] = capacity(a.model, texts, a.workers, [float(b) for b in a.budgets.split(",")],
+                               a.target_p99_ms, a.step_seconds, [int(x) for x in a.levels.split(",")])
+    print(json.dumps([{k: c[k] for k in ("budget", "sustained_rps", "at_users", "p99_ms")} for c in res["capacity"]]),
+          flush=True)
+    res["rate_limit"] = rate_limit_across_workers(a.model, texts, a.workers, 600.0, 20, 15.0)
+    print(json.dumps(res["rate_limit"]), flush=True)
+    res["overload"] = overload(a.model, texts, a.workers, 96, 10.0)
+    print(json.dumps(res["overload"]), flush=True)
+    if a.soak_seconds > 0:
+        res["soak"] = soak(a.model, texts, a.workers, a.soak_users, a.soak_seconds, 10.0)
+        print(json.dumps({k: v for k, v in res["soak"].items() if k != "samples"}), flush=True)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(res, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
