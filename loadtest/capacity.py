@@ -26,40 +26,10 @@ from typing import Any
 import httpx
 import psutil
 
-from headbudget.loadtest.service_bench import CONFIG, Server, _cpu, free_port, load_texts, pct
+from headbudget.loadtest.service_bench import CONFIG, Server, _cpu, closed_loop, free_port, load_texts
 
 SOAK_CONFIG = CONFIG.replace("queue_size = 4096", "queue_size = {queue}").replace("max_queue = 4096",
                                                                                   "max_queue = {queue}")
-
-
-async def closed_loop(url: str, texts: list[str], budget: float, users: int, seconds: float) -> dict[str, Any]:
-    """``users`` clients, each sending its next request when the last one is answered."""
-    codes: dict[str, int] = {}
-    lat: list[float] = []
-    retry_after = 0
-    stop = time.monotonic() + seconds
-
-    async def user(i: int) -> None:
-        nonlocal retry_after
-        async with httpx.AsyncClient(base_url=url, timeout=30) as c:
-            j = i
-            while time.monotonic() < stop:
-                t0 = time.perf_counter()
-                r = await c.post("/classify", json={"text": texts[j % len(texts)], "budget": budget})
-                if r.status_code == 200:
-                    lat.append((time.perf_counter() - t0) * 1e3)
-                codes[str(r.status_code)] = codes.get(str(r.status_code), 0) + 1
-                retry_after += r.status_code == 503 and "retry-after" in r.headers
-                if r.status_code == 503:
-                    await asyncio.sleep(float(r.headers.get("retry-after", "1")))
-                j += users
-
-    t0 = time.monotonic()
-    await asyncio.gather(*(user(i) for i in range(users)))
-    wall = time.monotonic() - t0
-    ok = codes.get("200", 0)
-    return {"users": users, "rps": ok / wall, "p50_ms": pct(lat, 0.5) if lat else None,
-            "p99_ms": pct(lat, 0.99) if lat else None, "codes": codes, "retry_after_on_503": retry_after}
 
 
 def capacity(model: Path, texts: list[str], workers: int, budgets: list[float], target_ms: float,

@@ -141,27 +141,34 @@ def overhead(model: Path, texts: list[str], budget: float, wait_ms: float) -> di
     }
 
 
-async def _load(url: str, texts: list[str], budget: float, concurrency: int, duration: float) -> dict[str, Any]:
-    ok, codes, lat = 0, {}, []
-    stop = time.monotonic() + duration
+async def closed_loop(url: str, texts: list[str], budget: float, users: int, seconds: float) -> dict[str, Any]:
+    """``users`` clients, each sending its next request when the last one is answered."""
+    codes: dict[str, int] = {}
+    lat: list[float] = []
+    retry_after = 0
+    stop = time.monotonic() + seconds
 
     async def user(i: int) -> None:
-        nonlocal ok
-        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        nonlocal retry_after
+        async with httpx.AsyncClient(base_url=url, timeout=30) as c:
             j = i
             while time.monotonic() < stop:
                 t0 = time.perf_counter()
-                r = await client.post("/classify", json={"text": texts[j % len(texts)], "budget": budget})
-                lat.append((time.perf_counter() - t0) * 1e3)
-                codes[r.status_code] = codes.get(r.status_code, 0) + 1
-                ok += r.status_code == 200
-                j += concurrency
+                r = await c.post("/classify", json={"text": texts[j % len(texts)], "budget": budget})
+                if r.status_code == 200:
+                    lat.append((time.perf_counter() - t0) * 1e3)
+                codes[str(r.status_code)] = codes.get(str(r.status_code), 0) + 1
+                retry_after += r.status_code == 503 and "retry-after" in r.headers
+                if r.status_code == 503:
+                    await asyncio.sleep(float(r.headers.get("retry-after", "1")))
+                j += users
 
     t0 = time.monotonic()
-    await asyncio.gather(*(user(i) for i in range(concurrency)))
+    await asyncio.gather(*(user(i) for i in range(users)))
     wall = time.monotonic() - t0
-    return {"rps": ok / wall, "status_counts": {str(k): v for k, v in codes.items()},
-            "latency_p50_ms": pct(lat, 0.5), "latency_p99_ms": pct(lat, 0.99), "wall_s": wall}
+    ok = codes.get("200", 0)
+    return {"users": users, "rps": ok / wall, "p50_ms": pct(lat, 0.5) if lat else None,
+            "p99_ms": pct(lat, 0.99) if lat else None, "codes": codes, "retry_after_on_503": retry_after}
 
 
 def throughput(model: Path, texts: list[str], budget: float, workers: int, concurrency: int, duration: float,
@@ -169,8 +176,8 @@ def throughput(model: Path, texts: list[str], budget: float, workers: int, concu
     """Requests per second served with 200 by ``workers`` under ``concurrency`` clients."""
     batch, wait = (32, wait_ms) if batching else (1, 0.0)
     with Server(model, workers, batch, wait, budget) as srv:
-        asyncio.run(_load(srv.url, texts[:50], budget, concurrency, 3.0))  # warm-up
-        res = asyncio.run(_load(srv.url, texts, budget, concurrency, duration))
+        asyncio.run(closed_loop(srv.url, texts[:50], budget, concurrency, 3.0))  # warm-up
+        res = asyncio.run(closed_loop(srv.url, texts, budget, concurrency, duration))
     return {"micro_batching": batching, "max_batch_size": batch, "max_wait_ms": wait, **res}
 
 
