@@ -72,10 +72,21 @@ def worker_rss_mb(root_pid: int) -> list[float]:
     return sorted(round(p.memory_info().rss / 2**20, 1) for p in children if p.is_running())
 
 
-def soak(model: Path, texts: list[str], workers: int, users: int, seconds: float, every: float) -> dict[str, Any]:
-    """Steady load; each worker's RSS every ``every`` seconds."""
+def soak(model: Path, texts: list[str], workers: int, users: int, seconds: float, every: float,
+         warmup_s: float = 0.0, feedback_max_entries: int | None = None) -> dict[str, Any]:
+    """Steady load; each worker's RSS every ``every`` seconds, after ``warmup_s`` of unsampled load.
+
+    The service keeps every answer for feedback, bounded by [state] feedback_max_entries: memory grows until
+    that store is full. A warm-up long enough to fill it shows the steady state.
+    """
     samples: list[dict[str, Any]] = []
-    with Server(model, workers, 32, 3.0, 0.5) as srv:
+    cfg = CONFIG.format(batch=32, wait=3.0, budget=0.5)
+    if feedback_max_entries:
+        cfg += f"\n[state]\nfeedback_max_entries = {feedback_max_entries}\n"
+    with Server(model, workers, config_text=cfg) as srv:
+        if warmup_s > 0:
+            asyncio.run(closed_loop(srv.url, texts, 0.5, users, warmup_s))
+
         async def run() -> dict[str, Any]:
             async def sample() -> None:
                 t0 = time.monotonic()
@@ -88,7 +99,8 @@ def soak(model: Path, texts: list[str], workers: int, users: int, seconds: float
     first = next((s for s in samples if s["t"] >= min(60.0, seconds / 5)), samples[0])
     last = samples[-1]
     growth = [(b - a) / a * 100 for a, b in zip(first["rss_mb"], last["rss_mb"], strict=False) if a]
-    return {"seconds": seconds, "users": users, "load": load, "samples": samples,
+    return {"seconds": seconds, "users": users, "warmup_s": warmup_s, "feedback_max_entries": feedback_max_entries,
+            "load": load, "samples": samples,
             "rss_growth_percent_per_process": [round(g, 2) for g in growth],
             "flat_within_5_percent": all(abs(g) <= 5 for g in growth)}
 
@@ -143,13 +155,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--levels", default="1,2,4,8,16,32")
     p.add_argument("--soak-seconds", type=float, default=600.0)
     p.add_argument("--soak-users", type=int, default=4)
+    p.add_argument("--soak-warmup-seconds", type=float, default=0.0)
+    p.add_argument("--feedback-max-entries", type=int, default=None, help="service [state] setting for the soak")
+    p.add_argument("--only-soak", action="store_true",
+                   help="run only the soak and add it to an existing --out file as soak_<entries>")
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
     if not (a.model / "config.json").is_file() or not (a.data / "test.csv").is_file():
         print("capacity: error: need a checkpoint folder and a data folder with test.csv", file=sys.stderr)
         return 2
     texts = load_texts(a.data, 500)
-    res: dict[str, Any] = {"model": str(a.model), "cpu": _cpu(), "date": time.strftime("%Y-%m-%d"),
+    if a.only_soak:
+        res = json.loads(a.out.read_text()) if a.out.is_file() else {}
+        r = soak(a.model, texts, a.workers, a.soak_users, a.soak_seconds, 10.0, a.soak_warmup_seconds,
+                 a.feedback_max_entries)
+        res[f"soak_{a.feedback_max_entries or 'default'}"] = r
+        print(json.dumps({k: v for k, v in r.items() if k != "samples"}), flush=True)
+        a.out.write_text(json.dumps(res, indent=2) + "\n")
+        return 0
+    res = {"model": str(a.model), "cpu": _cpu(), "date": time.strftime("%Y-%m-%d"),
                            "workers": a.workers, "target_p99_ms": a.target_p99_ms}
     res["capacity"] = capacity(a.model, texts, a.workers, [float(b) for b in a.budgets.split(",")],
                                a.target_p99_ms, a.step_seconds, [int(x) for x in a.levels.split(",")])
@@ -160,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     res["overload"] = overload(a.model, texts, a.workers, 96, 10.0)
     print(json.dumps(res["overload"]), flush=True)
     if a.soak_seconds > 0:
-        res["soak"] = soak(a.model, texts, a.workers, a.soak_users, a.soak_seconds, 10.0)
+        res["soak"] = soak(a.model, texts, a.workers, a.soak_users, a.soak_seconds, 10.0, a.soak_warmup_seconds,
+                           a.feedback_max_entries)
         print(json.dumps({k: v for k, v in res["soak"].items() if k != "samples"}), flush=True)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(res, indent=2) + "\n")
