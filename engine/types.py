@@ -55,6 +55,9 @@ class Prediction:
     n_tokens: int
     truncated: bool
     cost: Cost
+    # Adaptive model types choose their own heads per input: the fraction of heads this input ran
+    # (BudgetFormer's predicted budget, after any cap). None for the budgeted type, whose batch has one mask.
+    budget_applied: float | None = None
 
 
 @dataclass(frozen=True)

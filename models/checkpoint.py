@@ -22,6 +22,7 @@ from headbudget.models.checkpoint_meta import (  # noqa: F401 - re-exported for 
 )
 from headbudget.models.classifier import BudgetedClassifier
 from headbudget.models.config import ModelConfig
+from headbudget.models.factory import build_model
 
 
 def package_version() -> str:
@@ -61,7 +62,7 @@ def load_state(folder: Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
         state = load_file(str(path))
     except (OSError, SafetensorError, RuntimeError) as e:
         raise CheckpointError(f"{path}: unreadable or truncated ({e})") from e
-    expected = BudgetedClassifier(cfg).state_dict()
+    expected = build_model(cfg).state_dict()
     missing = sorted(set(expected) - set(state))
     extra = sorted(set(state) - set(expected))
     if missing or extra:
@@ -79,7 +80,7 @@ def load_checkpoint(folder: Path) -> tuple[BudgetedClassifier, dict[str, Any]]:
     config = read_config(folder)
     cfg = model_config(config, folder / CONFIG)
     state = load_state(folder, cfg)
-    model = BudgetedClassifier(cfg)
+    model = build_model(cfg)
     model.load_state_dict(state)
     model.eval()
     return model, config

@@ -17,6 +17,50 @@ class GateConfig:
     init_raw_beta: float = -2.0  # softplus(-2) ~ 0.13: a small budget sensitivity to start from
 
 
+MODEL_TYPES: tuple[str, ...] = ("budgeted", "budgetformer", "span", "adaattention")
+
+
+@dataclass(frozen=True)
+class BudgetFormerConfig:
+    """Per-input budget and head relevance (METHODS.md section 2); the published settings."""
+
+    s_min: float = 0.1  # s outside [s_min, s_max] is penalised by alpha(s) * v(s)^2
+    s_max: float = 0.9
+    alpha_base: float = 0.001
+    alpha_max: float = 0.05
+    beta_max: float = 0.05  # entropy weight beta(t) = beta_max * (2t/T - 1)
+    sigma_max: float = 0.5  # exploration noise on z, annealed to 0 over training
+    tau_max: float = 2.0
+    tau_min: float = 0.1
+    gamma: float = 5.0
+    # f's last bias starts at logit(init_s) with zero weights: s ~ 0.9 and p uniform give w_h = s * H * p_h
+    # ~ 0.9 for every head, so the first steps see (almost) the dense warm-start model, not half of it.
+    init_s: float = 0.9
+
+
+@dataclass(frozen=True)
+class SpanConfig:
+    """Adaptive attention span (METHODS.md section 3)."""
+
+    ramp: int = 32  # R
+    max_span: int | None = None  # S; None = max_position
+    init_ratio: float = 1.0  # z = ratio * S at start: every head sees every token (the dense model)
+    lambda_span: float = 2e-6  # L1 weight on spans, in tokens
+
+
+@dataclass(frozen=True)
+class AdaConfig:
+    """Complexity-scored reduced attention (METHODS.md section 5)."""
+
+    threshold: float = 0.5  # a head whose mean score is above this runs at full dimension
+    lambda_mid: float = 0.01  # lambda after the first 10% of training
+    lambda_end: float = 0.05  # reached at the end, rising linearly over the last 5%
+    off_fraction: float = 0.10
+    ramp_fraction: float = 0.05
+    # Scorer output bias at start: sigmoid(3) ~ 0.95, every head full, so training starts from the dense model.
+    init_bias: float = 3.0
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Architecture of the encoder classifier; enough to rebuild it without guessing."""
@@ -34,8 +78,14 @@ class ModelConfig:
     labels: tuple[str, ...] = ("negative", "positive")
     pooling: str = "mean"  # "mean" over real tokens: all-MiniLM-L6-v2 was trained with mean pooling
     gate: GateConfig = field(default_factory=GateConfig)
+    model_type: str = "budgeted"  # one of MODEL_TYPES; the adaptive types use their section below
+    budgetformer: BudgetFormerConfig = field(default_factory=BudgetFormerConfig)
+    span: SpanConfig = field(default_factory=SpanConfig)
+    ada: AdaConfig = field(default_factory=AdaConfig)
 
     def __post_init__(self) -> None:
+        if self.model_type not in MODEL_TYPES:
+            raise ValueError(f"unknown model_type {self.model_type!r}; one of {', '.join(MODEL_TYPES)}")
         if self.hidden_size % self.n_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by n_heads {self.n_heads}")
         if len(self.labels) < 2:
@@ -68,13 +118,17 @@ class ModelConfig:
         if unknown:
             raise ValueError(f"unknown model config fields: {sorted(unknown)}")
         d = dict(d)
-        gate = d.pop("gate", {}) or {}
-        gate_known = {f.name for f in fields(GateConfig)}
-        if set(gate) - gate_known:
-            raise ValueError(f"unknown gate config fields: {sorted(set(gate) - gate_known)}")
+        sections: dict[str, Any] = {}
+        for name, kind in (("gate", GateConfig), ("budgetformer", BudgetFormerConfig), ("span", SpanConfig),
+                           ("ada", AdaConfig)):
+            section = d.pop(name, {}) or {}
+            known_here = {f.name for f in fields(kind)}
+            if set(section) - known_here:
+                raise ValueError(f"unknown {name} config fields: {sorted(set(section) - known_here)}")
+            sections[name] = kind(**section)
         if "labels" in d:
             d["labels"] = tuple(str(x) for x in d["labels"])
-        return cls(**d, gate=GateConfig(**gate))
+        return cls(**d, **sections)
 
 
 TINY = dict(vocab_size=30522, hidden_size=64, n_layers=2, n_heads=4, intermediate_size=256, max_position=128)

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from headbudget.models.classifier import BudgetedClassifier
 from headbudget.models.config import TINY, GateConfig, ModelConfig
+from headbudget.models.factory import build_model
 
 
 class PretrainedError(ValueError):
@@ -70,11 +71,14 @@ def config_from_hf(folder: Path, labels: tuple[str, ...], gate: GateConfig) -> M
         raise PretrainedError(f"{path}: missing field {e}") from e
 
 
-def from_pretrained(folder: Path, labels: tuple[str, ...], gate: GateConfig, seed: int = 0) -> BudgetedClassifier:
-    """Encoder weights from a local BERT folder; classifier head and gates freshly initialised."""
-    cfg = config_from_hf(folder, labels, gate)
+def from_pretrained(
+    folder: Path, labels: tuple[str, ...], gate: GateConfig, seed: int = 0, model_type: str = "budgeted"
+) -> BudgetedClassifier:
+    """Encoder weights from a local BERT folder; classifier head, gates and adaptive parts freshly initialised."""
+    cfg = replace(config_from_hf(folder, labels, gate), model_type=model_type)
     torch.manual_seed(seed)
-    model = BudgetedClassifier(cfg)
+    model = build_model(cfg)
+    bert_names = set(BudgetedClassifier(replace(cfg, model_type="budgeted")).state_dict())
     path = folder / "model.safetensors"
     try:
         hf_state = load_file(str(path))
@@ -83,7 +87,7 @@ def from_pretrained(folder: Path, labels: tuple[str, ...], gate: GateConfig, see
     prefix = "bert." if any(k.startswith("bert.") for k in hf_state) else ""
     state = model.state_dict()
     for name in state:
-        if not name.startswith("encoder."):
+        if not name.startswith("encoder.") or name not in bert_names:  # adaptive parts are ours, not BERT's
             continue
         key = prefix + hf_key(name)
         if key not in hf_state:
@@ -97,13 +101,16 @@ def from_pretrained(folder: Path, labels: tuple[str, ...], gate: GateConfig, see
 
 
 def random_init(
-    labels: tuple[str, ...], gate: GateConfig, seed: int = 0, **overrides: float
+    labels: tuple[str, ...], gate: GateConfig, seed: int = 0, model_type: str = "budgeted", **overrides: float
 ) -> BudgetedClassifier:
     """The ``tiny`` base: a randomly initialised encoder (2 layers x 4 heads, width 64 unless overridden)."""
-    cfg = replace(ModelConfig(labels=labels, gate=gate), **{**TINY, **overrides})
+    cfg = replace(ModelConfig(labels=labels, gate=gate, model_type=model_type), **{**TINY, **overrides})
     torch.manual_seed(seed)
-    model = BudgetedClassifier(cfg)
-    for m in model.modules():
+    model = build_model(cfg)
+    adaptive = set(model.state_dict()) - set(BudgetedClassifier(replace(cfg, model_type="budgeted")).state_dict())
+    for name, m in model.named_modules():
+        if f"{name}.weight" in adaptive:
+            continue  # adaptive modules keep their own initialisation (they start from the dense model)
         if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)):
             torch.nn.init.normal_(m.weight, std=0.02)
             if isinstance(m, torch.nn.Linear) and m.bias is not None:

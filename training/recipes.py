@@ -14,6 +14,9 @@ class Recipe:
     dense_epochs: float  # stage 1: dense warm start (gates off); the published key to stable budgeted training
     budget_epochs: float  # stage 2: soft gates, b ~ U[b_min, 1] per batch
     hard_epochs: float = 1.0  # stage 3: one epoch of hard top-k with straight-through + distillation
+    adapt_epochs: float = 2.0  # adaptive model types: their own stage after the dense warm start
+    # Learning rate of the parameters an adaptive type adds (None = the type's default in training/stages.py).
+    adaptive_lr: float | None = None
     examples_per_stage: int | None = None  # cap on training examples per stage (None = all)
     batch_size: int = 32
     max_length: int = 128

@@ -12,13 +12,24 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from headbudget.models.adaptive import AdaptiveClassifier
 from headbudget.models.classifier import BudgetedClassifier
 from headbudget.training.batches import TokenizedSplit, batches
 from headbudget.training.evaluation import accuracy, mean_accuracy
 from headbudget.training.recipes import Recipe
 
-Stage = Literal["dense", "budget", "hard", "recover"]
+Stage = Literal["dense", "budget", "hard", "recover", "adapt"]
 STAGES: tuple[Stage, ...] = ("dense", "budget", "hard")  # the budgeted recipe
+ADAPTIVE_STAGES: tuple[Stage, ...] = ("dense", "adapt")  # budgetformer, span, adaattention
+
+# Learning rates of the parameters each adaptive type adds, when the recipe does not set adaptive_lr. The
+# published BudgetFormer lr (2e-5 for everything) leaves its zero-initialised relevance net near uniform
+# within the two epochs a CPU run affords, so the new parts get their own: 1e-3 for the small networks
+# (BudgetFormer's f and g, AdaAttention's scorer), 1e-2 for the span ratios (one number per head, in [0, 1]).
+ADAPTIVE_LR = {"budgetformer": 1e-3, "span": 1e-2, "adaattention": 1e-3}
+# Adaptive types choose their weights among evaluations in the second half of the stage: earlier ones are
+# taken before the schedules (temperature, noise, lambda) have done their work and would win on accuracy alone.
+ADAPT_SELECT_FROM = 0.5
 # "recover" (baselines, METHODS.md section 4): fine-tune the encoder under the model's fixed hard mask at one
 # budget, gates frozen, distilling from a dense teacher; run with ``fixed_budget``.
 
@@ -52,11 +63,17 @@ def budget_losses(model: BudgetedClassifier, gates: torch.Tensor, b: float, reci
 def _optimizer(model: BudgetedClassifier, recipe: Recipe, stage: Stage, steps: int):
     gate_params = list(model.gates.parameters())
     frozen = {id(model.encoder.embeddings.word.weight)} if recipe.freeze_embeddings else set()
-    body = [p for n, p in model.named_parameters() if not n.startswith("gates.") and id(p) not in frozen]
+    extra = model.adaptive_parameters() if isinstance(model, AdaptiveClassifier) else []
+    extra_ids = {id(p) for p in extra}
+    body = [p for n, p in model.named_parameters()
+            if not n.startswith("gates.") and id(p) not in frozen and id(p) not in extra_ids]
     for p in model.parameters():
         p.requires_grad_(id(p) not in frozen)
     groups = [{"params": body, "lr": recipe.lr, "weight_decay": recipe.weight_decay}]
-    if stage not in ("dense", "recover"):
+    if extra:
+        lr = recipe.adaptive_lr or ADAPTIVE_LR[model.cfg.model_type]
+        groups.append({"params": extra, "lr": lr, "weight_decay": 0.0})
+    if stage not in ("dense", "recover", "adapt"):
         groups.append({"params": gate_params, "lr": recipe.gate_lr, "weight_decay": 0.0})
     else:
         for p in gate_params:
@@ -84,7 +101,7 @@ VIOLATION_TOLERANCE = 0.05
 
 
 def _select_metric(model: BudgetedClassifier, val: TokenizedSplit, stage: Stage, recipe: Recipe) -> float:
-    if stage == "dense":
+    if stage in ("dense", "adapt"):  # adapt: eval mode runs the adaptive model as it will be served
         return accuracy(model, val, "dense")
     if stage == "recover":
         return mean_accuracy(model, val, "hard", recipe.val_budgets)
@@ -112,7 +129,10 @@ def run_stage(
     t0 = time.perf_counter()
     device = next(model.parameters()).device
     epochs = {"dense": recipe.dense_epochs, "budget": recipe.budget_epochs, "hard": recipe.hard_epochs,
-              "recover": recipe.hard_epochs}[stage]
+              "recover": recipe.hard_epochs, "adapt": recipe.adapt_epochs}[stage]
+    adaptive = model if stage == "adapt" and isinstance(model, AdaptiveClassifier) else None
+    if stage == "adapt" and adaptive is None:
+        raise ValueError("the adapt stage needs an adaptive model type (budgetformer, span, adaattention)")
     n = min(len(train), recipe.examples_per_stage or len(train))
     steps_per_epoch = math.ceil(n / recipe.batch_size)
     steps = max(1, int(round(epochs * steps_per_epoch)))
@@ -129,7 +149,11 @@ def run_stage(
         for ids, mask, y in batches(subset, recipe.batch_size, device, shuffle=True, rng=rng,
                                     bucket=recipe.length_buckets):
             b = float(rng.uniform(recipe.b_min, 1.0)) if fixed_budget is None else fixed_budget
-            loss = _stage_loss(model, stage, recipe, ids, mask, y, b, teacher)
+            if adaptive is not None:
+                adaptive.set_progress(step / steps)
+                loss = F.cross_entropy(adaptive(ids, mask), y) + adaptive.aux_loss()
+            else:
+                loss = _stage_loss(model, stage, recipe, ids, mask, y, b, teacher)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -139,10 +163,13 @@ def run_stage(
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}", b=f"{b:.2f}", val=f"{max(best, 0):.3f}", refresh=False)
             if step % eval_every == 0 or step == steps:
+                if adaptive is not None:
+                    adaptive.set_progress(1.0)  # evaluate as served: final temperature, no noise
                 metric = _select_metric(model, val, stage, recipe)
+                eligible = adaptive is None or step / steps >= ADAPT_SELECT_FROM or step == steps
                 history.append({"step": step, "val": metric, "loss": float(loss.item()),
                                 "violation": budget_violation(model, recipe.val_budgets)})
-                if metric > best:
+                if eligible and metric > best:
                     best, best_state = metric, copy.deepcopy(model.state_dict())
                 model.train()
             if step >= steps:

@@ -14,12 +14,13 @@ import torch
 from headbudget.models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from headbudget.models.classifier import BudgetedClassifier
 from headbudget.models.config import GateConfig
+from headbudget.models.factory import to_model_type
 from headbudget.models.pretrained import from_pretrained, minilm_path, random_init
 from headbudget.models.tokenizer import TextEncoder, copy_tokenizer
 from headbudget.training.batches import tokenize
 from headbudget.training.data import DataError, DataSet, load_data
 from headbudget.training.recipes import Recipe
-from headbudget.training.stages import STAGES, run_stage
+from headbudget.training.stages import ADAPTIVE_STAGES, STAGES, run_stage
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +37,14 @@ class RunConfig:
     text_column: str = "text"
     label_column: str = "label"
     device: str = "cpu"
+    model_type: str = "budgeted"  # or an adaptive type: dense warm start, then its own "adapt" stage
 
     def identity(self) -> dict[str, Any]:
         d = asdict(self)
         d["recipe"] = self.recipe.to_dict()
         d.pop("device")  # where it ran does not change what it is
+        if d["model_type"] == "budgeted":
+            d.pop("model_type")  # so run folders from before the adaptive types still resume
         return d
 
 
@@ -89,7 +93,8 @@ def train(run: RunConfig, out: Path) -> Path:
     log.info("data %s: %d train, %d validation, labels %s", ds.name, len(train_split), len(val_split), ds.labels)
     results: dict[str, Any] = {}
     teacher: BudgetedClassifier | None = None
-    for i, stage in enumerate(STAGES):
+    stages = STAGES if run.model_type == "budgeted" else ADAPTIVE_STAGES
+    for i, stage in enumerate(stages):
         stage_dir = out / "stages" / stage
         done = stage_dir / "done.json"
         if done.is_file():
@@ -97,21 +102,23 @@ def train(run: RunConfig, out: Path) -> Path:
                 loaded, _ = load_checkpoint(stage_dir)
             except CheckpointError as e:
                 raise DataError(f"cannot resume from {stage_dir}: {e}") from e
-            model.load_state_dict(loaded.state_dict())
+            model = loaded.to(device)
             results[stage] = json.loads(done.read_text())
             log.info("stage %s: already done (val %.4f), resuming after it", stage, results[stage]["best_val"])
         else:
             if stage == "hard":  # distil from a frozen copy of the stage-2 soft model
                 teacher, _ = load_checkpoint(out / "stages" / "budget")
                 teacher = teacher.to(device).eval()
+            if stage == "adapt":  # the dense warm start becomes the adaptive type here
+                model = to_model_type(model, run.model_type, seed=run.seed + i)
             res = run_stage(model, stage, recipe, train_split, val_split, seed=run.seed + i, teacher=teacher)
-            save_checkpoint(model, stage_dir, {"stage": stage, "model_type": "budgeted"})
+            save_checkpoint(model, stage_dir, {"stage": stage, "model_type": model.cfg.model_type})
             results[stage] = asdict(res)
             done.write_text(json.dumps(results[stage], indent=2) + "\n")
             log.info("stage %s: best validation %.4f in %.0f s", stage, res.best_val, res.seconds)
     meta = {
         "name": out.name,
-        "model_type": "budgeted",
+        "model_type": run.model_type,
         "max_length": encoder.max_length,
         "base": run.base,
         "recipe": recipe.to_dict(),

@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 
 from headbudget.commands.common import positive_int
+from headbudget.models.config import MODEL_TYPES
 
-MODEL_TYPES = ("budgeted",)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -46,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
         overrides["examples_per_stage"] = args.examples_per_stage
     recipe = get_recipe(args.recipe, **overrides)
     run_cfg = RunConfig(base=args.base, data=args.data, recipe=recipe, seed=args.seed, structural=args.structural,
-                        text_column=args.text_column, label_column=args.label_column, device=device)
+                        text_column=args.text_column, label_column=args.label_column, device=device,
+                        model_type=args.model)
     out = train(run_cfg, args.out)
     if not args.no_sweep:
         sweep = evaluate_checkpoint(out, args.data, "test", out, limit=recipe.sweep_examples, device=device)
