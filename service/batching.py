@@ -153,7 +153,7 @@ class Batcher:
 
     def _drain_s(self, pending: list[Job]) -> float:
         assert self.planner is not None
-        return self._running_left() + sum(self.planner.cost_s(j, j.budget or j.tier.default_budget)
+        return self._running_left() + sum(self.planner.cost_s(j, j.budget or j.tier.default_cap)
                                           for j in pending)
 
     # -- the engine thread ------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from starlette.requests import Request
 
@@ -16,6 +16,7 @@ from headbudget.service.batching import JobResult
 from headbudget.service.errors import BadRequest, ClientGone, InvalidRequest, Unavailable
 from headbudget.service.runtime import Runtime
 from headbudget.service.schemas import BudgetSource, ClassifyRequest, ClassifyResponse, ModelRef, TextResult
+from headbudget.service.settings import AUTO
 from headbudget.service.state import AnswerRecord, StateUnavailable
 
 log = logging.getLogger("headbudget.service")
@@ -23,16 +24,18 @@ log = logging.getLogger("headbudget.service")
 
 @dataclass(frozen=True)
 class BudgetChoice:
-    """What the request asked for: an explicit budget, a latency limit, or the tier default."""
+    """What the request asked for: an explicit budget, ``auto``, a latency limit, or the tier default."""
 
-    budget: float | None
+    budget: float | None  # for auto: the cap it runs under (the tier's max_budget)
     max_latency_ms: float | None
     source: BudgetSource
+    auto: bool = False  # each text runs at its own predicted budget (capped at ``budget``)
 
 
 def choose_budget(body: ClassifyRequest, query_budget: float | str | None, query_latency: float | None,
                   caller: Caller, supports_auto: bool) -> BudgetChoice:
-    """Merge query and body, check the tier's maximum (403), and reject auto where unsupported (400)."""
+    """Merge query and body (else the tier default), check the tier's maximum (403), and reject auto where
+    unsupported (400). ``auto`` runs capped at the tier's max_budget."""
     if query_budget is not None and body.budget is not None:
         raise InvalidRequest("give budget in the query or in the body, not both")
     if query_latency is not None and body.max_latency_ms is not None:
@@ -41,18 +44,20 @@ def choose_budget(body: ClassifyRequest, query_budget: float | str | None, query
     latency = query_latency if query_latency is not None else body.max_latency_ms
     if budget is not None and latency is not None:
         raise InvalidRequest("give budget or max_latency_ms, not both")
-    if budget == "auto":
-        if not supports_auto:
-            raise BadRequest("budget=auto needs a checkpoint that predicts its own budget; this one does not")
-        raise BadRequest("budget=auto is not served by this server version yet")  # the place for auto
-    if isinstance(budget, str):
-        raise InvalidRequest(f"budget must be a number in [0.1, 1] or 'auto', got {budget!r}")
-    if budget is not None:
-        check_budget(caller.tier, budget)
-        return BudgetChoice(budget, None, "request")
     if latency is not None:
         return BudgetChoice(None, latency, "max_latency_ms")
-    return BudgetChoice(caller.tier.default_budget, None, "tier_default")
+    source: BudgetSource = "request" if budget is not None else "tier_default"
+    if budget is None:
+        budget = caller.tier.default_budget
+    if budget == AUTO:
+        if not supports_auto:
+            raise BadRequest("budget=auto needs a checkpoint that predicts its own budget; this one does not")
+        return BudgetChoice(caller.tier.max_budget, None, source, auto=True)
+    if isinstance(budget, str):
+        raise InvalidRequest(f"budget must be a number in [0.1, 1] or 'auto', got {budget!r}")
+    if source == "request":
+        check_budget(caller.tier, budget)
+    return BudgetChoice(budget, None, source)
 
 
 async def _wait(request: Request, future: asyncio.Future[JobResult]) -> JobResult:
@@ -90,15 +95,17 @@ async def classify(runtime: Runtime, caller: Caller, body: ClassifyRequest, choi
         runtime.batcher.cancel(job)
         raise
     request_id: str = request.state.request_id
+    requested: float | Literal["auto"] = "auto" if choice.auto else result.budget_requested
+    applied = text_budgets(result)
     results = [TextResult(
-        label=p.label, scores=p.scores, budget_requested=result.budget_requested,
-        budget_applied=result.budget_applied, heads_active=p.cost.heads_active, heads_total=p.cost.heads_total,
-        cost=p.cost.attention_ratio, truncated=p.truncated, n_tokens=p.n_tokens,
-        latency_ms=round(result.latency_s * 1000, 3), degraded=result.degraded) for p in result.predictions]
+        label=p.label, scores=p.scores, budget_requested=requested, budget_applied=b,
+        heads_active=p.cost.heads_active, heads_total=p.cost.heads_total, cost=p.cost.attention_ratio,
+        truncated=p.truncated, n_tokens=p.n_tokens, latency_ms=round(result.latency_s * 1000, 3),
+        degraded=result.degraded) for p, b in zip(result.predictions, applied, strict=True)]
     runtime.metrics.observe_answer(
         caller.tier.name, [(p.cost.attention_ratio, p.cost.attention_macs, p.cost.attention_saved)
                            for p in result.predictions], result.degraded)
-    await _remember(runtime, request_id, caller, result)
+    await _remember(runtime, request_id, caller, result, applied)
     _annotate(request, choice, result, len(texts))
     return ClassifyResponse(
         model=ModelRef(name=info.name, checksum=info.checksum), request_id=request_id, tier=caller.tier.name,
@@ -107,10 +114,18 @@ async def classify(runtime: Runtime, caller: Caller, body: ClassifyRequest, choi
         results=results)
 
 
-async def _remember(runtime: Runtime, request_id: str, caller: Caller, result: JobResult) -> None:
+def text_budgets(result: JobResult) -> list[float]:
+    """Each text's applied budget: its own where the checkpoint chose one per input (BudgetFormer: its
+    predicted budget under the cap), else the budget its batch ran at."""
+    return [p.budget_applied if p.budget_applied is not None else result.budget_applied
+            for p in result.predictions]
+
+
+async def _remember(runtime: Runtime, request_id: str, caller: Caller, result: JobResult,
+                    applied: list[float]) -> None:
     record = AnswerRecord(owner=caller.owner, tier=caller.tier.name,
-                          labels=[p.label for p in result.predictions],
-                          budgets=[result.budget_applied] * len(result.predictions))
+                          labels=[p.label for p in result.predictions], budgets=applied,
+                          bucket=runtime.metrics.budget_label(result.budget_applied))
     try:
         await runtime.state.remember(request_id, record)
     except StateUnavailable as e:  # the answer stands; only feedback on it will not be found
@@ -122,6 +137,7 @@ async def _remember(runtime: Runtime, request_id: str, caller: Caller, result: J
 def _annotate(request: Request, choice: BudgetChoice, result: JobResult, n_texts: int) -> None:
     """Fields for the access log."""
     s = request.state
-    s.budget_requested, s.budget_applied = result.budget_requested, result.budget_applied
+    s.budget_requested = AUTO if choice.auto else result.budget_requested
+    s.budget_applied = result.budget_applied  # the batch's budget (for auto and caps: the cap)
     s.budget_source, s.degraded, s.n_texts = choice.source, result.degraded, n_texts
     s.queue_ms = round(result.queue_s * 1000, 3)

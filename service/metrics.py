@@ -1,6 +1,8 @@
 """Every Prometheus metric of the service, its labels and its buckets, declared in this one file.
 
-Labels are tiers (never keys), HTTP status codes, and budgets bucketed to 0.1 steps. With several uvicorn
+Labels are tiers (never keys), HTTP status codes, and budgets bucketed to 0.1 steps ("0.1" ... "1.0"); on a
+checkpoint that predicts its own budget (BudgetFormer), an uncapped run is labelled "auto" instead of "1.0"
+(``budget=auto`` requests, and numeric 1.0, which means no cap there). With several uvicorn
 workers, set PROMETHEUS_MULTIPROC_DIR (``headbudget serve`` does): values then live in shared files and
 ``render`` aggregates them across workers.
 """
@@ -20,7 +22,7 @@ from prometheus_client import (
 )
 from prometheus_client import multiprocess as prom_mp
 
-from headbudget.service.settings import budget_bucket
+from headbudget.service.settings import AUTO, budget_label
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                      10.0)
@@ -77,6 +79,11 @@ class Metrics:
         self.state_errors = Counter("headbudget_state_errors_total",
                                     "Failed shared-state operations, by operation.", ["operation"], registry=r)
         self.state_up.set(1)
+        self.supports_auto = False  # set at start-up from the checkpoint: whether budget 1.0 is labelled "auto"
+
+    def budget_label(self, budget: float) -> str:
+        """The ``budget`` label of a run at ``budget`` (a cap, on checkpoints that predict their own)."""
+        return budget_label(budget, self.supports_auto)
 
     def observe_request(self, tier: str, status: int, seconds: float) -> None:
         """One API request answered."""
@@ -85,7 +92,7 @@ class Metrics:
 
     def observe_batch(self, budget: float, seconds: float, size: int) -> None:
         """One forward pass."""
-        self.inference_duration.labels(budget=budget_bucket(budget)).observe(seconds)
+        self.inference_duration.labels(budget=self.budget_label(budget)).observe(seconds)
         self.batch_size.observe(size)
 
     def observe_answer(self, tier: str, costs: Iterable[tuple[float, int, int]], degraded: bool) -> None:
@@ -111,8 +118,8 @@ class Metrics:
         """Publish sweep.json's (budget, accuracy) points; the grid point nearest each 0.1 step wins."""
         best: dict[str, tuple[float, float]] = {}
         for budget, acc in points:
-            label = budget_bucket(budget)
-            dist = abs(budget - float(label))
+            label = self.budget_label(budget)
+            dist = 0.0 if label == AUTO else abs(budget - float(label))
             if label not in best or dist < best[label][0]:
                 best[label] = (dist, acc)
         for label, (_, acc) in best.items():

@@ -7,6 +7,11 @@ max(L, min_budget), each of them still meets its tier's latency target; L = the 
 does. Lowering the queue's budgets shortens every later request's wait: that is how load is shed by
 compute before it is refused. (3) The head request and the following ones with the same mask key form the
 batch.
+
+On checkpoints that predict their own budget per text (BudgetFormer) every budget is a cap. A ``budget=auto``
+request wants the cap of its tier's max_budget (1.0: no cap) and degrades like any other: under load its cap
+is lowered to the level (never below min_budget), so each text runs min(its own budget, the cap). Its
+latency is estimated at the cap, an upper bound that the observed batch times correct.
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ class Planner:
         for other in pending:
             if other.order() < job.order():
                 floor = other.tier.floor_budget if other.tier.degrades else None
-                want = other.budget if other.budget is not None else other.tier.default_budget
+                want = other.budget if other.budget is not None else other.tier.default_cap
                 total += self.cost_s(other, min(want, floor) if floor is not None else want)
         return total
 

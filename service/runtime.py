@@ -34,8 +34,16 @@ class Runtime:
         self.state_ok = True
 
     async def start(self) -> None:
-        """Load and warm the model; publish offline accuracy."""
-        self.info = await self.batcher.start()
+        """Load and warm the model; refuse (ConfigError) a config it cannot serve; publish offline accuracy."""
+        info = await self.batcher.start()
+        try:
+            self.config.check_model(info.name, info.supports_auto)
+        except ConfigError as e:
+            log.error("refusing to start: %s", e)
+            await self.stop()
+            raise
+        self.info = info
+        self.metrics.supports_auto = info.supports_auto
         assert self.batcher.planner is not None and self.batcher.engine is not None
         engine = self.batcher.engine
         self.mask_keys = {b: engine.mask_key(b) for b in self.budget_grid()}
@@ -67,6 +75,8 @@ class Runtime:
             return False
         try:
             new = load_config(self.config_path)
+            if self.info is not None:
+                new.check_model(self.info.name, self.info.supports_auto)
         except ConfigError as e:
             log.error("config reload failed, keeping the running config: %s", e)
             return False

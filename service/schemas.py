@@ -14,7 +14,7 @@ Text = Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT_CHARS)
 BudgetValue = Annotated[float, Field(ge=0.1, le=1.0, allow_inf_nan=False)]
 BudgetParam = BudgetValue | Literal["auto"]
 LatencyLimit = Annotated[float, Field(gt=0, le=MAX_LATENCY_MS, allow_inf_nan=False)]
-BudgetSource = Literal["request", "tier_default", "max_latency_ms", "auto"]
+BudgetSource = Literal["request", "tier_default", "max_latency_ms"]  # where the budget came from, not what it is
 
 
 class _Body(BaseModel):
@@ -28,8 +28,9 @@ class ClassifyRequest(_Body):
     texts: Annotated[list[Text], Field(min_length=1, max_length=MAX_TEXTS)] | None = Field(
         None, description=f"Up to {MAX_TEXTS} texts, answered in order.")
     budget: BudgetParam | None = Field(
-        None, description="Fraction of attention heads to run, in [0.1, 1]; `auto` on checkpoints that pick "
-                          "their own. Default: the tier's default budget.")
+        None, description="Fraction of attention heads to run, in [0.1, 1]; on checkpoints that predict their "
+                          "own budget per text (`supports_auto` in /v1/models) a number is a cap and `auto` runs "
+                          "each text at its own, capped at the tier's max_budget. Default: the tier's default.")
     max_latency_ms: LatencyLimit | None = Field(
         None, description="Instead of a budget: the highest budget whose latency for these texts fits.")
 
@@ -73,15 +74,20 @@ class TextResult(BaseModel):
 
     label: str
     scores: dict[str, float] = Field(description="label -> probability")
-    budget_requested: float
-    budget_applied: float = Field(description="the budget the text ran at (lower than requested if degraded)")
+    budget_requested: float | Literal["auto"] = Field(
+        description="the budget asked for (the request's, the tier default, or the one `max_latency_ms` chose), "
+                    "or `auto`: the checkpoint chose this text's budget")
+    budget_applied: float = Field(
+        description="the fraction of heads this text ran: the budget (lower than requested if degraded), or on "
+                    "checkpoints that predict their own budget, the text's predicted budget under the cap")
     heads_active: int
     heads_total: int
     cost: float = Field(description="fraction of the dense attention multiply-adds spent")
     truncated: bool = Field(description="the text was longer than the token limit and was cut")
     n_tokens: int
     latency_ms: float = Field(description="forward pass of the batch this text ran in")
-    degraded: bool = Field(description="run below the requested budget to meet the tier's latency target")
+    degraded: bool = Field(description="run below the requested budget (for `auto`: under a cap below the tier's "
+                                       "max_budget) to meet the tier's latency target")
 
 
 class ClassifyResponse(BaseModel):
@@ -90,7 +96,9 @@ class ClassifyResponse(BaseModel):
     model: ModelRef
     request_id: str
     tier: str
-    budget_source: BudgetSource
+    budget_source: BudgetSource = Field(
+        description="where the budget came from: the request's `budget` (a number or `auto`), the tier's default "
+                    "(a number or `auto`), or `max_latency_ms`")
     max_latency_ms: float | None = None
     degraded: bool
     queue_ms: float = Field(description="time spent waiting for the model")

@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import uvicorn
+from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors import Multiprocess
 
 from headbudget.service.auth import hash_key, new_key
@@ -45,11 +46,12 @@ def _curl_tier(config: ServiceConfig) -> str:
     return "balanced" if "balanced" in config.tiers else sorted(config.tiers)[0]
 
 
-def curl_command(host: str, port: int, key: str, budget: float) -> str:
-    """A working curl command for /classify with ``key``."""
+def curl_command(host: str, port: int, key: str, budget: float | str) -> str:
+    """A working curl command for /classify with ``key`` (``budget`` a number or "auto")."""
     shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     body = json.dumps({"text": "Stocks rallied after the central bank left interest rates unchanged."})
-    return (f"curl -s 'http://{shown}:{port}/classify?budget={budget:g}' -H {shlex.quote('X-API-Key: ' + key)} "
+    query = budget if isinstance(budget, str) else f"{budget:g}"
+    return (f"curl -s 'http://{shown}:{port}/classify?budget={query}' -H {shlex.quote('X-API-Key: ' + key)} "
             f"-H 'Content-Type: application/json' -d {shlex.quote(body)}")
 
 
@@ -114,8 +116,9 @@ def serve(settings: ServeSettings, *, host: str = "127.0.0.1", port: int = 8000,
             failed = not server.started
         else:
             sock = uconfig.bind_socket()
-            _Supervisor(uconfig, sockets=[sock]).run()
-            failed = False
+            supervisor = _Supervisor(uconfig, sockets=[sock])
+            supervisor.run()  # a worker that fails to start (bad checkpoint or config) stops them all
+            failed = any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes)
     finally:
         stop.set()
         if own_metrics_dir:

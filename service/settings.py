@@ -8,13 +8,14 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from headbudget.engine.types import EngineOptions
 
 Budget = Annotated[float, Field(ge=0.1, le=1.0, allow_inf_nan=False)]
+AUTO: Final = "auto"  # the budget a checkpoint that predicts its own per input (BudgetFormer) runs with; a metrics label
 SERVE_ENV = "HEADBUDGET_SERVE"  # how `headbudget serve` hands ServeSettings to uvicorn workers (JSON)
 
 
@@ -30,7 +31,9 @@ class TierConfig(_Strict):
     """One pricing tier: which budgets its keys may buy, how fast, and how it is scheduled."""
 
     name: str = ""  # filled from the table name
-    default_budget: Budget = 0.5  # used when a request names no budget
+    # used when a request names no budget; "auto": each text's own predicted budget, capped at max_budget
+    # (only on checkpoints that predict one: the server refuses to start, or to reload, otherwise)
+    default_budget: Budget | Literal["auto"] = 0.5
     max_budget: Budget = 1.0  # a higher explicit budget is refused with 403
     rate_limit: Annotated[float, Field(gt=0)] = 600.0  # requests per minute per key
     burst: Annotated[int, Field(ge=1)] = 20  # requests a key may send at once before the rate applies
@@ -41,11 +44,17 @@ class TierConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> TierConfig:
-        if self.default_budget > self.max_budget:
+        if not isinstance(self.default_budget, str) and self.default_budget > self.max_budget:
             raise ValueError(f"default_budget {self.default_budget} is above max_budget {self.max_budget}")
-        if self.min_budget is not None and self.min_budget > self.default_budget:
-            raise ValueError(f"min_budget {self.min_budget} is above default_budget {self.default_budget}")
+        if self.min_budget is not None and self.min_budget > self.default_cap:
+            which = "max_budget" if self.default_budget == AUTO else "default_budget"
+            raise ValueError(f"min_budget {self.min_budget} is above {which} {self.default_cap}")
         return self
+
+    @property
+    def default_cap(self) -> float:
+        """The default budget as a number: "auto" runs capped at the tier's max_budget."""
+        return self.max_budget if isinstance(self.default_budget, str) else self.default_budget
 
     @property
     def degrades(self) -> bool:
@@ -125,6 +134,18 @@ class ServiceConfig(_Strict):
         """The tier called ``name``."""
         return self.tiers[name]
 
+    def auto_tiers(self) -> list[str]:
+        """The tiers whose default budget is "auto"."""
+        return sorted(name for name, t in self.tiers.items() if t.default_budget == AUTO)
+
+    def check_model(self, model: str, supports_auto: bool) -> None:
+        """Refuse (ConfigError) a config that the loaded checkpoint cannot serve: "auto" tier defaults."""
+        tiers = self.auto_tiers()
+        if tiers and not supports_auto:
+            named = ("tier " if len(tiers) == 1 else "tiers ") + ", ".join(repr(t) for t in tiers)
+            raise ConfigError(f"{named}: default_budget = \"auto\", but checkpoint {model!r} does not predict its "
+                              f"own budget (supports_auto is false); give a numeric default_budget")
+
     def latency_targets_s(self) -> list[float]:
         """Every tier's latency target in seconds (histogram bucket boundaries)."""
         return sorted({t.latency_target_ms / 1000.0 for t in self.tiers.values() if t.latency_target_ms})
@@ -185,3 +206,9 @@ class ServeSettings(BaseModel):
 def budget_bucket(budget: float) -> str:
     """The 0.1-step label a budget is reported under in metrics ("0.1" ... "1.0")."""
     return f"{math.floor(budget * 10.0 + 0.5 + 1e-9) / 10.0:.1f}"
+
+
+def budget_label(budget: float, supports_auto: bool) -> str:
+    """The metrics label of a run at ``budget``: "auto" for an uncapped run (1.0) of a checkpoint that predicts
+    its own budget (there, 1.0 means no cap, which is what ``budget=auto`` runs), else its 0.1-step bucket."""
+    return AUTO if supports_auto and budget >= 1.0 - 1e-9 else budget_bucket(budget)

@@ -12,7 +12,7 @@ from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from headbudget.service.settings import StateConfig
+from headbudget.service.settings import StateConfig, budget_bucket
 
 
 class StateError(Exception):
@@ -46,7 +46,12 @@ class AnswerRecord:
     owner: str  # hash prefix of the key (or the anonymous client), never the key
     tier: str
     labels: list[str]  # predicted label per text
-    budgets: list[float]  # applied budget per text
+    budgets: list[float]  # applied budget per text (on BudgetFormer checkpoints, the text's own under the cap)
+    bucket: str = ""  # metrics budget label of the run ("0.5", "auto"); "" in records of older servers
+
+    def budget_label(self, index: int) -> str:
+        """The label feedback on text ``index`` is counted under."""
+        return self.bucket or budget_bucket(self.budgets[index])
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -54,7 +59,7 @@ class AnswerRecord:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AnswerRecord:
         return cls(owner=str(d["owner"]), tier=str(d["tier"]), labels=[str(x) for x in d["labels"]],
-                   budgets=[float(x) for x in d["budgets"]])
+                   budgets=[float(x) for x in d["budgets"]], bucket=str(d.get("bucket", "")))
 
 
 class StateStore(Protocol):

@@ -18,7 +18,8 @@ router = APIRouter(tags=["inference"])
              responses=error_responses(400, 401, 403, 413, 415, 422, 429, 503))
 async def classify_texts(
     body: ClassifyRequest, request: Request, runtime: RuntimeDep, caller: CallerDep,
-    budget: Annotated[BudgetParam | None, Query(description="Budget in [0.1, 1] (or in the body)")] = None,
+    budget: Annotated[BudgetParam | None, Query(
+        description="Budget in [0.1, 1], or `auto` on checkpoints that predict their own (or in the body)")] = None,
     max_latency_ms: Annotated[LatencyLimit | None, Query(description="Latency limit instead of a budget")] = None,
 ) -> ClassifyResponse:
     """Classify one text or up to 64, running only the attention heads the budget buys."""

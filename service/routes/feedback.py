@@ -10,7 +10,6 @@ from headbudget.service.deps import CallerDep, RuntimeDep
 from headbudget.service.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from headbudget.service.routes import error_responses
 from headbudget.service.schemas import FeedbackRequest, FeedbackResponse
-from headbudget.service.settings import budget_bucket
 from headbudget.service.state import AlreadyReported, AnswerNotFound, StateUnavailable
 
 router = APIRouter(tags=["feedback"])
@@ -27,7 +26,7 @@ async def give_feedback(body: FeedbackRequest, runtime: RuntimeDep, caller: Call
     try:
         record = await runtime.state.claim(body.request_id, caller.owner, body.index)
         correct = record.labels[body.index] == body.label
-        bucket = budget_bucket(record.budgets[body.index])
+        bucket = record.budget_label(body.index)
         accuracy: float | None = await runtime.state.record_outcome(bucket, correct)
     except AnswerNotFound:
         raise NotFound(f"no answer {body.request_id!r} text {body.index} for this key (unknown or expired)"

@@ -7,6 +7,7 @@ import math
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from headbudget.engine.errors import InputError
@@ -60,23 +61,60 @@ class FakeEngine:
         k = self.mask_key(budget)
         total = self.info.n_layers * self.info.n_heads
         started = time.perf_counter()
-        time.sleep(self.delay_s + self.per_token_s * len(texts) * max(n for n, _ in counts) * (0.1 + 0.9 * k / total))
+        work = len(texts) * max(n for n, _ in counts) * (0.1 + 0.9 * self.run_fraction(budget))
+        time.sleep(self.delay_s + self.per_token_s * work)
         preds = []
         for text, (n, truncated) in zip(texts, counts, strict=True):
-            h = int(hashlib.sha256(f"{text}|{k}".encode()).hexdigest(), 16)
+            active, applied = self.heads_for(text, budget)
+            h = int(hashlib.sha256(f"{text}|{active}".encode()).hexdigest(), 16)
             p = 0.5 + ((h % 1000) / 1000 - 0.5) * 0.9
             scores = {self.info.labels[0]: 1 - p, self.info.labels[1]: p}
             label = max(scores, key=lambda lab: scores[lab])
             dense = 1000 * n
-            cost = Cost(heads_active=k, heads_total=total, attention_macs=dense * k // total,
+            cost = Cost(heads_active=active, heads_total=total, attention_macs=dense * active // total,
                         attention_macs_dense=dense, total_macs=3 * dense, total_macs_dense=3 * dense)
             preds.append(Prediction(label=label, scores=scores, logits=[0.0, 0.0], n_tokens=n, truncated=truncated,
-                                    cost=cost))
+                                    cost=cost, budget_applied=applied))
         return BatchResult(predictions=preds, budget=budget, heads_active=k, heads_total=total,
                            latency_s=time.perf_counter() - started)
+
+    def run_fraction(self, budget: float) -> float:
+        """The fraction of heads a batch at ``budget`` runs (its simulated speed)."""
+        return self.mask_key(budget) / (self.info.n_layers * self.info.n_heads)
+
+    def heads_for(self, text: str, budget: float) -> tuple[int, float | None]:
+        """(heads active, Prediction.budget_applied) for one text: one mask for the whole batch."""
+        return self.mask_key(budget), None
 
     def warmup(self) -> None:
         self.warmed = True
 
     def close(self) -> None:
         self.closed = True
+
+
+class FakeBudgetFormer(FakeEngine):
+    """A checkpoint that predicts its own budget per text (the BudgetFormer engine contract): ``budget`` is a
+    cap, k = min(k_predicted, round(budget * H)) heads per layer; ``mask_key`` is the cap."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.info = replace(self.info, name="fake-budgetformer", model_type="budgetformer", supports_auto=True)
+
+    def predicted_heads(self, text: str) -> int:
+        """Heads per layer this text asks for: 1 + len(text) % H (varies with the text, deterministically)."""
+        return 1 + len(text) % self.info.n_heads
+
+    def predicted_budget(self, text: str) -> float:
+        """The text's own budget (what ``auto`` runs)."""
+        return self.predicted_heads(text) / self.info.n_heads
+
+    def mask_key(self, budget: float) -> int:
+        return min(self.info.n_heads, max(1, math.floor(budget * self.info.n_heads + 0.5 + 1e-9)))
+
+    def run_fraction(self, budget: float) -> float:
+        return self.mask_key(budget) / self.info.n_heads
+
+    def heads_for(self, text: str, budget: float) -> tuple[int, float | None]:
+        k = min(self.predicted_heads(text), self.mask_key(budget))
+        return k * self.info.n_layers, k / self.info.n_heads

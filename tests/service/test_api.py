@@ -173,9 +173,10 @@ async def test_long_text_is_truncated_not_refused() -> None:
 
 
 async def test_auto_budget_400_on_plain_checkpoint() -> None:
-    async with running_app() as (client, _, _):
+    async with running_app() as (client, _, engine):
         r = await client.post("/classify?budget=auto", json={"text": "x"}, headers=headers())
-    assert r.status_code == 400 and "auto" in error_of(r)["message"]
+    assert r.status_code == 400 and error_of(r)["code"] == "bad_request"
+    assert "auto" in error_of(r)["message"] and engine.calls == []  # more in test_auto.py
 
 
 async def test_unknown_route_and_method() -> None:

@@ -9,6 +9,8 @@ import re
 import shlex
 import signal
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,11 +22,14 @@ import pytest
 from headbudget.client import Client, HeadbudgetError
 from tests.conftest import make_random_checkpoint
 from tests.service.conftest import (
+    HOST,
     KEYS,
     Server,
     config_dict,
     engine_factory_available,
+    free_port,
     redis_process,
+    service_env,
     start_server,
     stop_process,
     toml_of,
@@ -253,6 +258,21 @@ def test_graceful_shutdown_finishes_requests_in_flight(attn_checkpoint: Path, tm
     assert [r.status_code for r in rs] == [200] * 8
     # uvicorn re-raises the signal after its graceful shutdown, so the exit status is -SIGTERM
     assert code in (0, -signal.SIGTERM) and "Application shutdown complete" in s.logs()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_tier_default_auto_on_a_plain_checkpoint_refuses_to_start(attn_checkpoint: Path, tmp_path: Path,
+                                                                 workers: int) -> None:
+    d = e2e_config()
+    d["tiers"]["balanced"]["default_budget"] = "auto"
+    config = tmp_path / "service.toml"
+    config.write_text(toml_of(d))
+    cmd = [sys.executable, "-m", "headbudget.cli", "serve", "--model", str(attn_checkpoint), "--config",
+           str(config), "--host", HOST, "--port", str(free_port()), "--workers", str(workers)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=service_env())
+    assert r.returncode != 0, r.stderr[-2000:]
+    refusals = [ln for ln in r.stderr.splitlines() if "refusing to start" in ln]
+    assert refusals and all("tier 'balanced'" in ln and "auto" in ln for ln in refusals), r.stderr[-2000:]
 
 
 def test_two_workers_share_limits_metrics_and_feedback(attn_checkpoint: Path, tmp_path: Path) -> None:
