@@ -31,9 +31,8 @@ def model_info(model_dir: Path, options: EngineOptions) -> ModelInfo:
     """What the service shows about a checkpoint, read without loading any weights into a runtime."""
     model_dir = Path(model_dir)
     config, cfg = checkpoint_config(model_dir)
-    model_type = str(config.get("model_type", "budgeted"))
-    if model_type != "budgeted":
-        raise ModelLoadError(f"{model_dir}: model_type {model_type!r} is not served by this engine (budgeted only)")
+    model_type = cfg.model_type  # the architecture's own field (model.model_type), not the optional meta copy
+    backend = options.backend if model_type == "budgeted" else "torch-adaptive"
     return ModelInfo(
         name=str(config.get("name") or model_dir.name),
         checksum=checkpoint_digest(model_dir),
@@ -42,9 +41,10 @@ def model_info(model_dir: Path, options: EngineOptions) -> ModelInfo:
         n_heads=cfg.n_heads,
         max_length=options.max_length or cfg.max_position,
         model_type=model_type,
+        supports_auto=model_type == "budgetformer",
         sweep=_optional_json(model_dir / "sweep.json"),
         bench=_optional_json(model_dir / "bench.json"),
-        extra={"backend": options.backend, "precision": options.precision, "prepack": options.prepack,
+        extra={"backend": backend, "precision": options.precision, "prepack": options.prepack,
                "structural": cfg.gate.structural, "hidden_size": cfg.hidden_size},
     )
 
@@ -54,6 +54,8 @@ def load_engine(model_dir: Path, options: EngineOptions) -> Engine:
     if options.threads < 1:
         raise ModelLoadError(f"threads must be >= 1, got {options.threads}")
     info = model_info(Path(model_dir), options)
+    if info.model_type != "budgeted":
+        return _load_adaptive(Path(model_dir), options, info)
     if options.backend == "onnxruntime":
         from headbudget.engine.onnx_backend import OnnxEngine
 
@@ -63,3 +65,19 @@ def load_engine(model_dir: Path, options: EngineOptions) -> Engine:
 
         return TorchEngine(Path(model_dir), options, info)
     raise ModelLoadError(f"unknown backend {options.backend!r} (onnxruntime or torch)")
+
+
+def _load_adaptive(model_dir: Path, options: EngineOptions, info: ModelInfo) -> Engine:
+    """Adaptive types always run the fp32 PyTorch fast path: their head choice is per input, which the static
+    ONNX graphs (one per head mask) cannot express. fp32 onnxruntime is served by it with a log line; int8 fails."""
+    if options.backend not in ("onnxruntime", "torch"):
+        raise ModelLoadError(f"unknown backend {options.backend!r} (onnxruntime or torch)")
+    if options.precision != "fp32":
+        raise ModelLoadError(f"{model_dir}: {info.model_type} checkpoints have no {options.precision} path; "
+                             "use precision fp32 (they run on the adaptive PyTorch engine)")
+    if options.backend == "onnxruntime":
+        log.info("%s: %s checkpoint, served by the adaptive PyTorch engine instead of onnxruntime",
+                 model_dir, info.model_type)
+    from headbudget.engine.adaptive_backend import AdaptiveEngine
+
+    return AdaptiveEngine(model_dir, options, info)

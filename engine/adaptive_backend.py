@@ -1,0 +1,366 @@
+"""Fast path for the adaptive model types: the encoder layer by layer, computing only what each input uses.
+
+The reference (``models/``, eval mode) computes every head, key and dimension and multiplies the unchosen ones
+by exactly 0. This engine gets the same numbers without computing them:
+- BudgetFormer: per input and layer, s and p from the layer input, the top-k heads of p (k capped by the
+  budget); Q/K/V and W_O are sliced to the kept heads, each kept head's output weighted by w_h = s * H * p_h.
+- Adaptive span: each head attends only near its window w = ceil(z + R): queries in blocks of B, each block
+  multiplying only the B + 2w - 2 keys its queries can reach (the ramp zeroes the few beyond w), heads with
+  equal windows batched (heads are sorted by window at load); see ``_span`` for why not a strict window.
+- AdaAttention: per input, each head's d' from the scorer; Q/K/V rows and W_O columns sliced to d'.
+Every input runs at its own length (no padding). Inputs of a batch are packed into one (T, D) token matrix so
+the feed-forward blocks and the projections of inputs that share a plan run as one matmul (``grouped``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from headbudget.engine.adaptive_cost import (
+    Usage,
+    extra_macs,
+    plan_macs,
+    span_block,
+    span_blocked,
+    span_pairs,
+    usage_cost,
+)
+from headbudget.engine.base import EngineBase, check_budget, check_texts, softmax
+from headbudget.engine.errors import ModelLoadError
+from headbudget.engine.types import BatchResult, EngineOptions, ModelInfo, Prediction
+from headbudget.models.adaattention import reduced_dims
+from headbudget.models.adaptive import AdaptiveAttention, AdaptiveClassifier
+from headbudget.models.budgetformer import budget_cap_heads
+from headbudget.models.checkpoint import load_checkpoint
+from headbudget.models.checkpoint_meta import CheckpointError
+from headbudget.models.encoder import EncoderLayer
+from headbudget.models.span import SpanAttention, span_window
+
+log = logging.getLogger(__name__)
+ADAPTIVE_TYPES = ("budgetformer", "span", "adaattention")
+FULL = 1 << 30  # a span window no sequence reaches: every key, with the ramp
+Group = tuple[tuple[int, ...], int, int]  # (heads, width d', span window; 0 = every key, no ramp)
+Plan = tuple[Group, ...]  # one layer's heads for one input, in projection order
+
+
+@dataclass
+class _Layer:
+    """One encoder layer's weights laid out for head slicing (heads permuted by ``perm`` for span)."""
+
+    qkv_w: torch.Tensor  # (H*3*dh, D): rows [q_h; k_h; v_h] per head, so a head set is one row gather
+    qkv_b: torch.Tensor  # (H*3*dh,)
+    out_w: torch.Tensor  # (H*dh, D): W_O transposed; head h's inputs are rows h*dh .. h*dh + dh - 1
+    out_b: torch.Tensor  # (D,)
+    attn: AdaptiveAttention  # the adaptive attention module, for its side network
+    attn_norm: nn.LayerNorm
+    ffn_in: nn.Linear
+    ffn_out: nn.Linear
+    ffn_norm: nn.LayerNorm
+    span_z: torch.Tensor | None  # (H,) span z per head in the permuted order (span only)
+    span_log_m: torch.Tensor | None  # (H, max_position): the ramp's log m at each distance (span only)
+
+
+def _layer(layer: EncoderLayer, perm: list[int]) -> _Layer:
+    """Re-lay one EncoderLayer's attention weights per head, heads in ``perm`` order."""
+    a = layer.attention
+    assert isinstance(a, AdaptiveAttention)
+    h, dh, d = a.n_heads, a.head_dim, a.query.weight.shape[1]
+    w = torch.stack([a.query.weight, a.key.weight, a.value.weight]).view(3, h, dh, d).transpose(0, 1)
+    b = torch.stack([a.query.bias, a.key.bias, a.value.bias]).view(3, h, dh).transpose(0, 1)  # (H, 3, dh)
+    out = a.output.weight.t().reshape(h, dh, d)  # (H, dh, D)
+    idx = torch.tensor(perm)
+    z = log_m = None
+    if isinstance(a, SpanAttention):  # SpanAttention.ramp_mask's formula, as a table over distances 0 .. S - 1
+        z = a.spans()[idx].contiguous()
+        dist = torch.arange(a.cfg.max_position).to(z.dtype)
+        m = ((a.ramp + z[:, None] - dist) / a.ramp).clamp(0.0, 1.0)  # (H, S)
+        log_m = torch.where(m > 0, torch.log(m.clamp_min(1e-30)), torch.full_like(m, torch.finfo(m.dtype).min))
+    return _Layer(w[idx].reshape(h * 3 * dh, d).contiguous(), b[idx].reshape(-1).contiguous(),
+                  out[idx].reshape(h * dh, d).contiguous(), a.output.bias, a, layer.attn_norm,
+                  layer.intermediate, layer.ffn_out, layer.ffn_norm, z, log_m)
+
+
+def _span_order(a: SpanAttention, ramp: int, head_dim: int) -> tuple[list[int], Plan]:
+    """Heads sorted by window (so equal windows are one contiguous group) and the layer's span plan."""
+    wins = [span_window(float(z), ramp) for z in a.spans().tolist()]
+    perm = sorted(range(len(wins)), key=lambda h: wins[h])
+    plan = tuple((tuple(i for i in range(len(wins)) if wins[perm[i]] == w), head_dim, w) for w in sorted(set(wins)))
+    return perm, plan
+
+
+class AdaptiveEngine(EngineBase):
+    """Engine over a BudgetFormer, span or AdaAttention checkpoint; fp32, PyTorch, one intra-op thread."""
+
+    def __init__(self, model_dir: Path, options: EngineOptions, info: ModelInfo) -> None:
+        if options.precision != "fp32":
+            raise ModelLoadError(f"{model_dir}: {info.model_type} checkpoints run on the fp32 adaptive torch path "
+                                 f"only; precision {options.precision!r} is not available for them")
+        try:
+            model, _ = load_checkpoint(Path(model_dir))
+        except CheckpointError as e:
+            raise ModelLoadError(str(e)) from e
+        model.requires_grad_(False)  # the re-laid weights below are then plain tensors, not autograd graphs
+        if not isinstance(model, AdaptiveClassifier) or model.cfg.model_type not in ADAPTIVE_TYPES:
+            raise ModelLoadError(f"{model_dir}: model_type {model.cfg.model_type!r} is not an adaptive type")
+        super().__init__(model_dir, model.cfg, options)
+        torch.set_num_threads(options.threads)
+        self.model, self.info, self.kind = model, info, model.cfg.model_type
+        c = self.cfg
+        self.n_heads, self.head_dim, self.scale = c.n_heads, c.head_dim, 1.0 / math.sqrt(c.head_dim)
+        bf = c.budgetformer  # tau at progress 1.0: inference is the end of training
+        self.tau = bf.tau_min + (bf.tau_max - bf.tau_min) * math.exp(-bf.gamma)
+        # Pack the batch (True) rather than run inputs one by one (False). Measured at batch 8, lengths 20-128,
+        # MiniLM shape, one thread: BudgetFormer 122 vs 141 ms, span 154 vs 177, AdaAttention 138 vs 172 ms.
+        # Inputs rarely share a BudgetFormer head set, so most of the gain is the packed feed-forward blocks.
+        self.grouped = True
+        self.layers: list[_Layer] = []
+        self.span_plans: list[Plan] = []
+        for layer in model.encoder.layers:
+            assert isinstance(layer, EncoderLayer)
+            perm = list(range(c.n_heads))
+            if isinstance(layer.attention, SpanAttention):
+                perm, plan = _span_order(layer.attention, c.span.ramp, c.head_dim)
+                self.span_plans.append(plan)
+            self.layers.append(_layer(layer, perm))
+        self._rows: dict[Plan, tuple[torch.Tensor, torch.Tensor] | None] = {}
+        self._arange = torch.arange(c.max_position)
+        self._dist = (self._arange[:, None] - self._arange[None, :]).abs()  # (S, S) token distances
+
+    # -- the Engine interface ---------------------------------------------------------------------------
+    def cap(self, budget: float) -> int:
+        """k_cap per layer for BudgetFormer (budget 1.0 = H = no cap); H for the other types."""
+        return budget_cap_heads(budget, self.n_heads) if self.kind == "budgetformer" else self.n_heads
+
+    def mask_key(self, budget: float) -> int:
+        """BudgetFormer: k_cap, so requests with one cap share a batch. Span and AdaAttention run their learned
+        configuration at every budget (the budget is not used), so every request can share a batch: 0."""
+        b = check_budget(budget)
+        return self.cap(b) if self.kind == "budgetformer" else 0
+
+    def layer_counts(self, budget: float) -> tuple[int, ...]:
+        """Upper bound of heads per layer (the cap); what each input ran is in its Prediction's cost."""
+        return (self.cap(budget),) * self.cfg.n_layers
+
+    def forward_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray, budget: float) -> np.ndarray:
+        rows = [input_ids[i][attention_mask[i] != 0] for i in range(len(input_ids))]
+        logits, _ = self.run_rows(rows, self.cap(budget))
+        out: np.ndarray = logits.numpy()  # (B, C)
+        return out
+
+    def predict(self, texts: Sequence[str], budget: float) -> BatchResult:
+        """Classify; each Prediction's cost and budget_applied are what that input really ran."""
+        b = check_budget(budget)
+        enc = self.encoder.encode(check_texts(texts))
+        t0 = time.perf_counter()
+        logits_t, usages = self.run_rows([np.asarray(r, dtype=np.int64) for r in enc.ids], self.cap(b))
+        latency = time.perf_counter() - t0
+        logits = logits_t.numpy()
+        probs = softmax(logits.astype(np.float64))
+        labels, preds = self.cfg.labels, []
+        for i, row in enumerate(logits.tolist()):
+            n = len(enc.ids[i])
+            cost = usage_cost(self.shape, usages[i], n)
+            # BudgetFormer: the fraction of heads this input ran; span and AdaAttention run every head, so
+            # their "budget" is the fraction of dense attention MACs spent.
+            applied = cost.heads_active / cost.heads_total if self.kind == "budgetformer" else cost.attention_ratio
+            preds.append(Prediction(
+                label=labels[int(np.argmax(logits[i]))], scores=dict(zip(labels, probs[i].tolist(), strict=True)),
+                logits=row, n_tokens=n, truncated=enc.truncated[i], cost=cost, budget_applied=applied))
+        # The batch's heads: the mean over its inputs of the heads each ran, rounded (inputs choose their own).
+        heads = round(sum(p.cost.heads_active for p in preds) / len(preds))
+        return BatchResult(predictions=preds, budget=b, heads_active=heads, heads_total=self.cfg.total_heads,
+                           latency_s=latency)
+
+    def warmup(self) -> None:
+        self.run_rows([np.array([101, 2023, 102], dtype=np.int64)] * 2, self.n_heads)
+
+    # -- the forward pass -------------------------------------------------------------------------------
+    def run_rows(self, rows: Sequence[np.ndarray], cap: int, adaptive: bool = True) -> tuple[torch.Tensor, list[Usage]]:
+        """Logits (B, C) and per-input Usage for unpadded int64 rows; ``adaptive=False`` computes every head,
+        key and dimension (the dense baseline of the benchmark, same code)."""
+        with torch.inference_mode():
+            if self.grouped:
+                return self._forward_rows(rows, cap, adaptive)
+            parts = [self._forward_rows([r], cap, adaptive) for r in rows]
+            return torch.cat([p[0] for p in parts]), [p[1][0] for p in parts]
+
+    def _forward_rows(self, rows: Sequence[np.ndarray], cap: int, adaptive: bool) -> tuple[torch.Tensor, list[Usage]]:
+        """The packed forward: rows' tokens stacked into (T, D), attention per input, the rest per token."""
+        lengths = [len(r) for r in rows]
+        seg = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(lengths))  # (T,) input of each token
+        emb = self.model.encoder.embeddings
+        ids = torch.from_numpy(np.concatenate(rows))
+        pos = torch.cat([self._arange[:n] for n in lengths])
+        x = emb.word.weight[ids] + emb.position.weight[pos] + emb.token_type.weight[0]  # (T, D)
+        x = emb.norm(x)
+        usages = [Usage() for _ in rows]
+        for index, layer in enumerate(self.layers):
+            plans, weights = self._choose(index, layer, x, seg, lengths, cap, adaptive, usages)
+            y = self._attention(layer, x, lengths, plans, weights)  # (T, D)
+            x = layer.attn_norm(x + y)
+            x = layer.ffn_norm(x + layer.ffn_out(F.gelu(layer.ffn_in(x))))
+        if self.cfg.pooling == "cls":
+            pooled = x[torch.tensor([0, *np.cumsum(lengths)[:-1]])]  # (B, D)
+        else:
+            pooled = _segment_mean(x, seg, lengths)
+        return self.model.classifier(pooled), usages
+
+    def _choose(self, index: int, layer: _Layer, x: torch.Tensor, seg: torch.Tensor, lengths: list[int], cap: int,
+                adaptive: bool, usages: list[Usage]) -> tuple[list[Plan], list[torch.Tensor | None]]:
+        """Each input's plan for this layer (and BudgetFormer's head weights); records what it costs."""
+        h_all, dh, d = tuple(range(self.n_heads)), self.head_dim, self.cfg.hidden_size
+        weights: list[torch.Tensor | None] = [None] * len(lengths)
+        if self.kind == "budgetformer":
+            plans, weights = self._budgetformer(layer, _segment_mean(x, seg, lengths), cap, adaptive)
+        elif self.kind == "span":
+            plans = [self.span_plans[index] if adaptive else ((h_all, dh, FULL),)] * len(lengths)
+        elif adaptive:
+            c = torch.sigmoid(layer.attn.scorer(x))  # type: ignore[operator]  # (T, H)
+            dims = reduced_dims(_segment_mean(c, seg, lengths), dh, self.cfg.ada.threshold).tolist()  # (B, H)
+            plans = [tuple((tuple(h for h in h_all if row[h] == w), w, 0) for w in sorted(set(row))) for row in dims]
+        else:
+            plans = [((h_all, dh, 0),)] * len(lengths)
+        for plan, n, u in zip(plans, lengths, usages, strict=True):
+            widths = [w for heads, w, _ in plan for _ in heads]
+            pairs = [self._pairs(layer, heads, win, n) for heads, _, win in plan for _ in heads]
+            u.add(len(widths), plan_macs(d, n, widths, pairs), extra_macs(self.cfg, n))
+        return plans, weights
+
+    def _pairs(self, layer: _Layer, heads: tuple[int, ...], window: int, n: int) -> int:
+        """(query, key) pairs ``_span`` (window > 0) or plain attention multiplies per head."""
+        if not window or (layer.span_z is not None and float(layer.span_z[heads[0] : heads[-1] + 1].min()) >= n - 1):
+            return n * n
+        return span_pairs(window, n)
+
+    def _budgetformer(self, layer: _Layer, h: torch.Tensor, cap: int,
+                      adaptive: bool) -> tuple[list[Plan], list[torch.Tensor | None]]:
+        """BudgetFormerAttention.head_weights and keep (eval, progress 1.0) on the mean layer inputs h (B, D)."""
+        a, n_heads = layer.attn, self.n_heads
+        s = torch.sigmoid(a.budget_out(F.relu(a.budget_hidden(h)))).squeeze(-1)  # type: ignore[operator]  # (B,)
+        p = torch.softmax(a.relevance(h) / self.tau, dim=-1)  # type: ignore[operator]  # (B, H)
+        w = s[:, None] * n_heads * p  # (B, H), the training-time head weights
+        if not adaptive:
+            return [((tuple(range(n_heads)), self.head_dim, 0),)] * len(h), [row for row in w]
+        k = torch.clamp(torch.floor(s * n_heads), 1, n_heads).clamp_max(cap).long().tolist()  # (B,)
+        order = torch.argsort(p, dim=-1, descending=True, stable=True).tolist()  # (B, H); ties -> head order
+        plans: list[Plan] = []
+        weights: list[torch.Tensor | None] = []
+        for i, row in enumerate(order):
+            kept = tuple(sorted(row[: k[i]]))
+            plans.append(((kept, self.head_dim, 0),))
+            weights.append(w[i, list(kept)])  # (k,)
+        return plans, weights
+
+    def _attention(self, layer: _Layer, x: torch.Tensor, lengths: list[int], plans: list[Plan],
+                   weights: list[torch.Tensor | None]) -> torch.Tensor:
+        """Attention output (T, D): inputs that share a plan share one projection matmul."""
+        groups: dict[Plan, list[int]] = {}
+        for i, plan in enumerate(plans):
+            groups.setdefault(plan, []).append(i)
+        if len(groups) == 1:
+            return self._group(layer, x, lengths, plans[0], weights)
+        starts = np.concatenate([[0], np.cumsum(lengths)])
+        y = torch.empty_like(x)
+        for plan, members in groups.items():
+            tok = torch.from_numpy(np.concatenate([np.arange(starts[i], starts[i + 1]) for i in members]))
+            y_g = self._group(layer, x.index_select(0, tok), [lengths[i] for i in members], plan,
+                              [weights[i] for i in members])
+            y.index_copy_(0, tok, y_g)
+        return y
+
+    def _group(self, layer: _Layer, x: torch.Tensor, lengths: list[int], plan: Plan,
+               weights: list[torch.Tensor | None]) -> torch.Tensor:
+        """Inputs (packed x (T_g, D)) running one plan: sliced projections, per-input attention -> (T_g, D)."""
+        rows = self._plan_rows(plan)
+        if rows is None:  # every head at full width, in order: the whole weights, no gather
+            qkv_w, qkv_b, out_w = layer.qkv_w, layer.qkv_b, layer.out_w
+        else:
+            qkv_w, qkv_b, out_w = layer.qkv_w[rows[0]], layer.qkv_b[rows[0]], layer.out_w[rows[1]]
+        proj = F.linear(x, qkv_w, qkv_b)  # (T_g, sum 3 d')
+        outs, start = [], 0
+        for n, w in zip(lengths, weights, strict=True):
+            outs.append(self._heads(layer, proj[start : start + n], plan, w))  # (n, sum d')
+            start += n
+        y = outs[0] if len(outs) == 1 else torch.cat(outs)
+        return torch.addmm(layer.out_b, y, out_w)  # (T_g, D)
+
+    def _heads(self, layer: _Layer, proj: torch.Tensor, plan: Plan, w: torch.Tensor | None) -> torch.Tensor:
+        """One input's heads from its projections (n, sum 3 d') -> head outputs side by side (n, sum d')."""
+        n, col, h0, ys = proj.shape[0], 0, 0, []
+        for heads, width, window in plan:
+            g = len(heads)
+            blk = proj[:, col : col + 3 * g * width].view(n, g, 3, width)
+            q, k, v = (blk[:, :, j].transpose(0, 1) for j in range(3))  # (g, n, d') each
+            if window:
+                y = self._span(layer, q, k, v, heads, window)
+            else:  # the scale stays 1/sqrt(d_h) at every d', as the reference masks rather than rescales
+                # 4-D: with (g, n, d') SDPA falls back to its math path, 3-5x slower at n = 512 (measured).
+                y = F.scaled_dot_product_attention(q[None], k[None], v[None], scale=self.scale)[0]  # (g, n, d')
+            if w is not None:
+                y = y * w[h0 : h0 + g, None, None]
+            ys.append(y.transpose(0, 1).reshape(n, g * width))
+            col, h0 = col + 3 * g * width, h0 + g
+        return ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)
+
+    def _span(self, layer: _Layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: tuple[int, ...],
+              window: int) -> torch.Tensor:
+        """SpanAttention for heads sharing ``window`` (consecutive in the layer's order): q, k, v (g, n, dh).
+
+        A strict per-query neighbourhood (K/V unfolded to (n, 2w-1)) was measured 3-40x slower than dense SDPA
+        (n = 512, w = 16..96: tiny batched matmuls), so queries run in blocks of B = span_block(w) with one SDPA
+        over each block's B + 2w - 2 keys; the ramp's log m (0 weight beyond the window) is the additive mask.
+        """
+        assert layer.span_z is not None and layer.span_log_m is not None
+        g, n, dh = q.shape
+        lo, hi = heads[0], heads[-1] + 1
+        if float(layer.span_z[lo:hi].min()) >= n - 1:  # the ramp is 1 on every pair (log m = 0): plain attention
+            return F.scaled_dot_product_attention(q[None], k[None], v[None], scale=self.scale)[0]
+        table = layer.span_log_m[lo:hi]  # (g, max_position): log m at each distance
+        block = span_block(window)
+        keys = block + 2 * window - 2
+        if not span_blocked(window, n):  # the band would not save enough: dense scores with the ramp
+            bias = table[:, self._dist[:n, :n]]  # (g, n, n)
+            return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=bias[None], scale=self.scale)[0]
+        n_blocks = -(-n // block)
+        extra = n_blocks * block - n
+        pad = (0, 0, window - 1, window - 1 + extra)
+        kb = F.pad(k, pad).unfold(1, keys, block).transpose(-1, -2)  # (g, nb, keys, dh): key r = b B - (w-1) + j
+        vb = F.pad(v, pad).unfold(1, keys, block).transpose(-1, -2)
+        qb = F.pad(q, (0, 0, 0, extra)).reshape(g, n_blocks, block, dh)
+        i, j = self._arange[:block], self._arange[:keys]
+        dist = (i[:, None] + (window - 1) - j[None, :]).abs()  # (B, keys), the same in every block
+        r = self._arange[:n_blocks, None] * block - (window - 1) + j[None, :]  # (nb, keys)
+        outside = ((r < 0) | (r >= n))[None, :, None, :]  # zero padding before the first / after the last token
+        bias = table[:, dist][:, None].expand(g, n_blocks, block, keys).masked_fill(outside, torch.finfo(q.dtype).min)
+        y = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=bias, scale=self.scale)  # (g, nb, B, dh)
+        return y.reshape(g, n_blocks * block, dh)[:, :n]
+
+    def _plan_rows(self, plan: Plan) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Rows of qkv_w and out_w a plan uses (cached per plan); None when it is every row in order."""
+        if plan not in self._rows:
+            dh, qkv, out = self.head_dim, [], []
+            for heads, width, _ in plan:
+                for h in heads:
+                    qkv += [h * 3 * dh + part * dh + j for part in range(3) for j in range(width)]
+                    out += list(range(h * dh, h * dh + width))
+            if len(self._rows) > 4096:  # bounded: a long-running server sees many head sets
+                self._rows.clear()
+            full = qkv == list(range(self.n_heads * 3 * dh))
+            self._rows[plan] = None if full else (torch.tensor(qkv), torch.tensor(out))
+        return self._rows[plan]
+
+
+def _segment_mean(x: torch.Tensor, seg: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """Per-input mean of packed rows: x (T, F), seg (T,) -> (B, F)."""
+    sums = x.new_zeros(len(lengths), x.shape[1]).index_add_(0, seg, x)
+    return sums / torch.tensor(lengths, dtype=x.dtype)[:, None]
