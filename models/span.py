@@ -71,5 +71,5 @@ class SpanClassifier(AdaptiveClassifier):
 
     def windows(self) -> list[list[int]]:
         """Per layer, per head: the inference window ceil(z + R)."""
-        return [[span_window(float(z), self.cfg.span.ramp) for z in a.spans()]  # type: ignore[attr-defined]
+        return [[span_window(float(z), self.cfg.span.ramp) for z in a.spans().detach()]  # type: ignore[attr-defined]
                 for a in self.adaptive_layers()]

@@ -66,3 +66,22 @@ def smoke_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
                    "--device", "cpu")
     assert proc.returncode == 0, proc.stderr[-2000:]
     return out
+
+
+# Smoke-sized adaptive runs: a shorter dense warm start than `smoke` (the tests check the pipeline and
+# the adaptive behaviour, not accuracy), then one adapt epoch.
+ADAPTIVE_SMOKE = ("--set", "dense_epochs=3", "--set", "adapt_epochs=1", "--set", "synthetic_size=1500")
+
+
+def train_adaptive_smoke(out: Path, kind: str) -> Path:
+    """Train a smoke-sized checkpoint of an adaptive type with the real CLI (ends with its report)."""
+    proc = run_cli("train", "--base", "tiny", "--data", "synthetic", "--recipe", "smoke", "--model", kind,
+                   "--out", str(out), "--device", "cpu", *ADAPTIVE_SMOKE)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
+@pytest.fixture(scope="session")
+def budgetformer_smoke(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A smoke-sized BudgetFormer checkpoint (for `budget=auto` end to end), once per session."""
+    return train_adaptive_smoke(tmp_path_factory.mktemp("bf") / "budgetformer", "budgetformer")

@@ -49,7 +49,15 @@ def run(args: argparse.Namespace) -> int:
                         text_column=args.text_column, label_column=args.label_column, device=device,
                         model_type=args.model)
     out = train(run_cfg, args.out)
-    if not args.no_sweep:
+    if not args.no_sweep and args.model != "budgeted":
+        from headbudget.training.adaptive_report import evaluate_adaptive
+
+        rep = evaluate_adaptive(out, args.data, "test", out, limit=recipe.sweep_examples, device=device)
+        dense = rep.get("dense_accuracy")
+        print(f"{out}: {args.model} accuracy {rep['accuracy']:.4f}"
+              + (f" (dense warm start {dense:.4f})" if dense is not None else "")
+              + f" on {rep['n_examples']} test examples")
+    elif not args.no_sweep:
         sweep = evaluate_checkpoint(out, args.data, "test", out, limit=recipe.sweep_examples, device=device)
         half = next(p for p in sweep["points"] if abs(p["budget"] - 0.5) < 1e-9)
         print(f"{out}: dense {sweep['dense_accuracy']:.4f}, hard b=0.5 {half['accuracy_hard']:.4f} "
