@@ -1,0 +1,34 @@
+"""budget=auto against a real server on a real (smoke-trained) BudgetFormer checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+from tests.service.conftest import KEYS, start_server, toml_of
+from tests.service.test_e2e import e2e_config, h
+
+TEXTS = ["red marker two blue green pink red white marker two black gray blue red brown pink",
+         "marker one a b c marker one a b c", "plain words and nothing else in this one at all"]
+
+
+def test_auto_answers_with_each_texts_predicted_budget(budgetformer_smoke: Path, tmp_path: Path) -> None:
+    d = e2e_config()
+    d["tiers"]["balanced"]["default_budget"] = "auto"  # a tier may default to auto on this checkpoint
+    with start_server(budgetformer_smoke, toml_of(d), tmp_path) as s, httpx.Client(base_url=s.url, timeout=30) as c:
+        auto = c.post("/classify?budget=auto", json={"texts": TEXTS}, headers=h("quality"))
+        assert auto.status_code == 200, auto.text
+        results = auto.json()["results"]
+        for r in results:
+            assert r["budget_requested"] == "auto"
+            assert r["budget_applied"] == r["heads_active"] / r["heads_total"]
+            assert 0 < r["heads_active"] <= r["heads_total"] == 8  # tiny base: 2 layers x 4 heads
+        default = c.post("/classify", json={"text": TEXTS[0]}, headers=h("balanced"))
+        assert default.status_code == 200 and default.json()["budget_source"] == "tier_default"
+        capped = c.post("/classify?budget=0.25", json={"text": TEXTS[0]}, headers={"X-API-Key": KEYS["quality"]})
+        assert capped.status_code == 200
+        assert capped.json()["results"][0]["heads_active"] <= 2  # cap: round(0.25 * 4) = 1 head per layer
+        assert capped.json()["results"][0]["heads_active"] <= results[0]["heads_active"]
+        metrics = c.get("/metrics").text
+        assert 'budget="auto"' in metrics
