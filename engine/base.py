@@ -90,6 +90,9 @@ class EngineBase:
         c = self.cfg
         return n_kept(check_budget(budget), c.n_layers, c.n_heads, c.gate.structural)
 
+    def heads_at(self, budget: float) -> int:
+        return sum(self.layer_counts(check_budget(budget)))
+
     def count_tokens(self, texts: Sequence[str]) -> list[tuple[int, bool]]:
         enc = self.encoder.encode(check_texts(texts))
         return [(len(ids), cut) for ids, cut in zip(enc.ids, enc.truncated, strict=True)]

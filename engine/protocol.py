@@ -20,6 +20,11 @@ class Engine(Protocol):
         """
         ...
 
+    def heads_at(self, budget: float) -> int:
+        """The most heads one input may run at ``budget``: exactly those it runs for the budgeted type, the
+        cap for a type that picks its own heads (each answer's cost says what it really ran)."""
+        ...
+
     def count_tokens(self, texts: Sequence[str]) -> list[tuple[int, bool]]:
         """(tokens after truncation, truncated?) per text, without running the model."""
         ...

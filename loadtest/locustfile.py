@@ -44,7 +44,9 @@ def _answer_problem(plan: Planned, body: Any) -> str | None:
     for r in body["results"]:
         if not isinstance(r, dict) or "label" not in r or "budget_applied" not in r:
             return "a result lacks label or budget_applied"
-        if r["budget_applied"] > r.get("budget_requested", 1.0) + 1e-9:
+        requested = r.get("budget_requested", 1.0)
+        requested = 1.0 if requested == "auto" else requested  # auto: the model's own choice, at most every head
+        if r["budget_applied"] > requested + 1e-9:
             return "budget_applied above budget_requested"
     if not body.get("request_id"):
         return "answer has no request_id"

@@ -29,7 +29,7 @@ class Runtime:
         self.state: StateStore = state if state is not None else make_state(config.state)
         self.batcher = Batcher(engine_factory, config.server, self.metrics)
         self.info: ModelInfo | None = None
-        self.mask_keys: dict[float, int] = {}  # grid budget -> heads kept, computed on the engine thread
+        self.grid_heads: dict[float, int] = {}  # grid budget -> most heads it buys, computed at start-up
         self.draining = False
         self.state_ok = True
 
@@ -46,7 +46,7 @@ class Runtime:
         self.metrics.supports_auto = info.supports_auto
         assert self.batcher.planner is not None and self.batcher.engine is not None
         engine = self.batcher.engine
-        self.mask_keys = {b: engine.mask_key(b) for b in self.budget_grid()}
+        self.grid_heads = {b: engine.heads_at(b) for b in self.budget_grid()}
         sweep = self.info.sweep or {}
         points = [(float(p["budget"]), float(p["accuracy_hard"])) for p in sweep.get("points", [])
                   if isinstance(p, dict) and isinstance(p.get("budget"), int | float)

@@ -127,7 +127,8 @@ class BudgetPoint(BaseModel):
     """One point of the checkpoint's budget grid."""
 
     budget: float
-    heads_active: int
+    heads_active: int = Field(description="heads the budget buys (for a checkpoint that picks its own heads "
+                                          "per text: the most one text may run)")
     accuracy: float | None = Field(None, description="offline accuracy from sweep.json")
     latency_ms: float | None = Field(None, description="from the benchmark table, refreshed by the service")
 

@@ -30,7 +30,7 @@ async def list_models(runtime: RuntimeDep) -> ModelList:
     if info is None or latency is None:
         raise Unavailable("the model is not loaded yet", retry_after_s=5)
     accuracy = _sweep_accuracy(info.sweep)
-    points = [BudgetPoint(budget=b, heads_active=runtime.mask_keys.get(b, 0), accuracy=accuracy.get(b),
+    points = [BudgetPoint(budget=b, heads_active=runtime.grid_heads.get(b, 0), accuracy=accuracy.get(b),
                           latency_ms=round(latency.estimate_ms(b, latency.ref_tokens), 3))
               for b in runtime.budget_grid()]
     dense = (info.sweep or {}).get("dense_accuracy")

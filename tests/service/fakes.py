@@ -43,6 +43,9 @@ class FakeEngine:
         total = self.info.n_layers * self.info.n_heads
         return min(total, max(1, math.floor(budget * total + 0.5 + 1e-9)))
 
+    def heads_at(self, budget: float) -> int:
+        return self.mask_key(budget)
+
     def count_tokens(self, texts: Sequence[str]) -> list[tuple[int, bool]]:
         self._check_thread()
         out = []
@@ -114,6 +117,9 @@ class FakeBudgetFormer(FakeEngine):
 
     def run_fraction(self, budget: float) -> float:
         return self.mask_key(budget) / self.info.n_heads
+
+    def heads_at(self, budget: float) -> int:
+        return self.mask_key(budget) * self.info.n_layers
 
     def heads_for(self, text: str, budget: float) -> tuple[int, float | None]:
         k = min(self.predicted_heads(text), self.mask_key(budget))

@@ -30,5 +30,9 @@ def test_auto_answers_with_each_texts_predicted_budget(budgetformer_smoke: Path,
         assert capped.status_code == 200
         assert capped.json()["results"][0]["heads_active"] <= 2  # cap: round(0.25 * 4) = 1 head per layer
         assert capped.json()["results"][0]["heads_active"] <= results[0]["heads_active"]
+        card = c.get("/v1/models").json()["data"][0]
+        assert card["supports_auto"] is True
+        bought = {p["budget"]: p["heads_active"] for p in card["budgets"]}
+        assert bought[1.0] == 8 and bought[0.25] == 2  # the cap: round(b * 4) heads in each of 2 layers
         metrics = c.get("/metrics").text
         assert 'budget="auto"' in metrics
