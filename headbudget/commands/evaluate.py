@@ -24,8 +24,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(args: argparse.Namespace) -> int:
 
+    from headbudget.models.checkpoint import read_config
     from headbudget.training.report import evaluate_checkpoint
 
+    model_type = str(read_config(args.model).get("model", {}).get("model_type", "budgeted"))
+    if model_type != "budgeted":
+        return _eval_adaptive(args, model_type)
     if args.add_int8:
         return _add_int8(args)
     extra = _int8_runner(args.model) if args.int8 else None
@@ -99,3 +103,21 @@ def _int8_runner(folder: Path):  # type: ignore[no-untyped-def]
         return {"accuracy_hard_int8": acc}
 
     return make
+
+
+def _eval_adaptive(args: argparse.Namespace, model_type: str) -> int:
+    """The adaptive report instead of the budget sweep (those types have no budget-conditioned gates)."""
+    import json
+
+    from headbudget.commands.common import CliError
+    from headbudget.training.adaptive_report import evaluate_adaptive
+
+    if args.int8 or args.add_int8:
+        raise CliError(f"--int8: the {model_type} type runs on the fp32 adaptive path only")
+    rep = evaluate_adaptive(args.model, args.data, args.split, args.out, limit=args.limit, device=args.device)
+    summary = {k: rep[k] for k in ("model_type", "n_examples", "accuracy", "dense_accuracy", "mean_cost",
+                                   "mean_span", "accuracy_long", "dense_accuracy_long", "full_head_fraction",
+                                   "mean_dim_fraction") if k in rep}
+    print(json.dumps(summary))
+    print(f"wrote {args.out / 'adaptive_sweep.json'}")
+    return 0

@@ -71,3 +71,17 @@ def test_adaattention_trains_and_reports_dimensions(tmp_path: Path) -> None:
 def test_unknown_model_type_is_one_line(tmp_path: Path) -> None:
     proc = run_cli("train", "--base", "tiny", "--data", "synthetic", "--model", "nope", "--out", str(tmp_path))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "invalid choice" in proc.stderr
+
+
+def test_eval_and_predict_on_an_adaptive_checkpoint(budgetformer_smoke: Path, tmp_path: Path) -> None:
+    proc = run_cli("eval", "--model", str(budgetformer_smoke), "--data", "synthetic", "--out", str(tmp_path),
+                   "--limit", "100")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((tmp_path / "adaptive_sweep.json").read_text())["n_examples"] == 100
+    assert json.loads(proc.stdout.splitlines()[0])["model_type"] == "budgetformer"
+    bad = run_cli("eval", "--model", str(budgetformer_smoke), "--data", "synthetic", "--out", str(tmp_path), "--int8")
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr and "fp32" in bad.stderr
+    pred = run_cli("predict", "--model", str(budgetformer_smoke), "--budget", "0.25", "marker one a b marker one a b")
+    assert pred.returncode == 0, pred.stderr[-2000:]
+    heads = int(pred.stdout.split("heads: ")[1].split("/")[0])
+    assert 1 <= heads <= 2  # cap round(0.25 * 4) = 1 head in each of 2 layers
