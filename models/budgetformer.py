@@ -94,4 +94,5 @@ class BudgetFormerClassifier(AdaptiveClassifier):
         """Cap every layer at k_cap = round(b * H) heads (1.0 = the model's own choice, ``budget=auto``)."""
         k = budget_cap_heads(budget, self.cfg.n_heads)
         for a in self.adaptive_layers():
-            a.cap_heads = k  # type: ignore[attr-defined]
+            if isinstance(a, BudgetFormerAttention):
+                a.cap_heads = k

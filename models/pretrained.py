@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -101,7 +102,7 @@ def from_pretrained(
 
 
 def random_init(
-    labels: tuple[str, ...], gate: GateConfig, seed: int = 0, model_type: str = "budgeted", **overrides: float
+    labels: tuple[str, ...], gate: GateConfig, seed: int = 0, model_type: str = "budgeted", **overrides: Any
 ) -> BudgetedClassifier:
     """The ``tiny`` base: a randomly initialised encoder (2 layers x 4 heads, width 64 unless overridden)."""
     cfg = replace(ModelConfig(labels=labels, gate=gate, model_type=model_type), **{**TINY, **overrides})

@@ -69,7 +69,10 @@ class SpanClassifier(AdaptiveClassifier):
 
     attention_type = SpanAttention
 
+    def span_layers(self) -> list[SpanAttention]:
+        """The adaptive layers with their span type (the encoder holds them as plain modules)."""
+        return [a for a in self.adaptive_layers() if isinstance(a, SpanAttention)]
+
     def windows(self) -> list[list[int]]:
         """Per layer, per head: the inference window ceil(z + R)."""
-        return [[span_window(float(z), self.cfg.span.ramp) for z in a.spans().detach()]  # type: ignore[attr-defined]
-                for a in self.adaptive_layers()]
+        return [[span_window(float(z), self.cfg.span.ramp) for z in a.spans().detach()] for a in self.span_layers()]

@@ -101,15 +101,15 @@ def budgetformer_report(model: BudgetFormerClassifier, data: TokenizedSplit) -> 
 
 def span_report(model: SpanClassifier, data: TokenizedSplit, long: TokenizedSplit | None) -> dict[str, Any]:
     """Accuracy at the learned spans, and with every span scaled by each of SPAN_SCALES, on both sets."""
-    layers = model.adaptive_layers()
-    learned = [a.span_ratio.detach().clone() for a in layers]  # type: ignore[attr-defined]
+    layers = model.span_layers()
+    learned = [a.span_ratio.detach().clone() for a in layers]
     ramp = model.cfg.span.ramp
     points = []
     try:
         for scale in SPAN_SCALES:
             for a, r in zip(layers, learned, strict=True):
-                a.span_ratio.data.copy_(r * scale)  # type: ignore[attr-defined]
-            z = np.array([[float(v) for v in a.spans().detach()] for a in layers])  # type: ignore[attr-defined]
+                a.span_ratio.data.copy_(r * scale)
+            z = np.array([[float(v) for v in a.spans().detach()] for a in layers])
             point = {"scale": scale, "mean_span": float(z.mean()),
                      "mean_window": float(np.mean([[span_window(v, ramp) for v in row] for row in z])),
                      "accuracy": accuracy(model, data, "dense")}
@@ -118,8 +118,8 @@ def span_report(model: SpanClassifier, data: TokenizedSplit, long: TokenizedSpli
             points.append(point)
     finally:
         for a, r in zip(layers, learned, strict=True):
-            a.span_ratio.data.copy_(r)  # type: ignore[attr-defined]
-    spans = [[float(v) for v in a.spans().detach()] for a in layers]  # type: ignore[attr-defined]
+            a.span_ratio.data.copy_(r)
+    spans = [[float(v) for v in a.spans().detach()] for a in layers]
     return {"accuracy": points[-1]["accuracy"], "accuracy_long": points[-1].get("accuracy_long"),
             "spans": spans, "windows": model.windows(), "mean_span": float(np.mean(spans)), "ramp": ramp,
             "scaled": points}
