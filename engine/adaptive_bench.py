@@ -95,6 +95,48 @@ def bench_lengths(model_dir: Path, lengths: Sequence[int] = (128, 512), repeats:
     return out
 
 
+def bench_texts(model_dir: Path, data: Path, n: int = 300, warmup: int = 10,
+                others: Sequence[tuple[str, Path, float]] = (), cap_budget: float = 1.0) -> dict[str, Any]:
+    """Real texts at their own lengths (batch 1): adaptive vs fast dense, and other checkpoints' engines.
+
+    ``others`` are (name, checkpoint folder, budget) run through ``load_engine`` with its default backend
+    (ONNX Runtime for the budgeted type) in the same rounds, so every method sees the same texts in the same
+    process; each timed number is the median over the texts of one call per text.
+    """
+    engine = load_engine(Path(model_dir), EngineOptions(backend="torch", threads=1))
+    if not isinstance(engine, AdaptiveEngine):
+        raise ModelLoadError(f"{model_dir}: model_type {engine.info.model_type!r} is not an adaptive type")
+    cap = engine.cap(cap_budget)
+    texts = data_texts(data, n + warmup)
+    rows = [np.asarray(ids, dtype=np.int64) for ids in engine.encoder.encode(texts).ids]
+    batches = [(r[None], np.ones((1, len(r)), dtype=np.int64)) for r in rows]
+    methods: dict[str, Callable[[np.ndarray, np.ndarray], object]] = {
+        "adaptive": lambda ids, mask: engine.run_rows([ids[0]], cap),
+        "fast_dense": lambda ids, mask: engine.run_rows([ids[0]], cap, adaptive=False),
+    }
+    loaded = []
+    for name, folder, budget in others:
+        other = load_engine(Path(folder), EngineOptions(threads=1))
+        other.warmup()
+        loaded.append(other)
+        methods[name] = (lambda e, b: lambda ids, mask: e.predict_ids(ids, mask, b))(other, budget)  # type: ignore[attr-defined]
+    times = time_round_robin(methods, batches, warmup, warm_cache=True)
+    ratios = []
+    for ids, _ in batches[warmup:]:
+        _, usage = engine.run_rows([ids[0]], cap)
+        ratios.append(usage_cost(engine.shape, usage[0], ids.shape[1]).attention_ratio)
+    for other in loaded:
+        other.close()
+    ms = {k: round(float(np.median(v)) * 1000, 3) for k, v in times.items()}
+    return {"model": str(model_dir), "model_type": engine.kind, "threads": 1, "batch_size": 1, "texts": n,
+            "data": str(data), "cap_budget": cap_budget,
+            "median_tokens": float(np.median([len(r) for r in rows[warmup:]])),
+            "others": [{"name": a, "model": str(b), "budget": c} for a, b, c in others],
+            **{f"{k}_ms": v for k, v in ms.items()},
+            "speedup_vs_fast_dense": round(ms["fast_dense"] / ms["adaptive"], 3),
+            "attention_mac_ratio": round(float(np.mean(ratios)), 4)}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The CLI: JSON on stdout; bad input is one line on stderr and exit code 2."""
     parser = argparse.ArgumentParser(prog="python -m headbudget.engine.adaptive_bench", description=__doc__)
@@ -103,8 +145,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--data", type=Path, default=None, help="folder with test.csv/train.csv (real token ids)")
+    parser.add_argument("--texts", type=int, default=0,
+                        help="instead of fixed lengths: this many real texts from --data at their own lengths")
+    parser.add_argument("--compare", action="append", default=[], metavar="NAME=DIR@BUDGET",
+                        help="with --texts: also time another checkpoint's engine at a budget (repeatable)")
     args = parser.parse_args(argv)
     try:
+        if args.texts:
+            if args.data is None:
+                raise ValueError("--texts needs --data")
+            others = []
+            for item in args.compare:
+                name, _, rest = item.partition("=")
+                folder, _, budget = rest.rpartition("@")
+                if not name or not folder:
+                    raise ValueError(f"--compare {item!r}: expected NAME=DIR@BUDGET")
+                others.append((name, Path(folder), float(budget)))
+            print(json.dumps(bench_texts(args.model, args.data, args.texts, args.warmup, others), indent=2))
+            return 0
         lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
         if not lengths:
             raise ValueError("--lengths is empty")
