@@ -1,0 +1,114 @@
+"""The issue-8 comparison in one file: each adaptive checkpoint against the dense model and the budgeted one.
+
+    python -m headbudget.training.adaptive_summary --data ../shared/data/ag_news \\
+        --budgetformer DIR --span DIR --adaattention DIR --budgeted DIR --out docs/results/ag_news/adaptive.json
+
+Reads each adaptive checkpoint's ``adaptive_sweep.json`` (written by train/eval), evaluates the budgeted
+checkpoint at the budget whose k heads match BudgetFormer's mean cost (same test split, reference model),
+and times everything on this CPU (one thread, batch 1): real test texts at their own lengths through each
+adaptive fast path against its own dense run and the budgeted checkpoint's ONNX Runtime engine (at the
+matched budget and at 1.0, i.e. dense), and fixed lengths 128 and 512 for every type.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+from headbudget.engine.adaptive_bench import bench_lengths, bench_texts
+from headbudget.models.budget import n_kept
+from headbudget.models.checkpoint import load_checkpoint
+from headbudget.models.tokenizer import TextEncoder
+from headbudget.training.batches import tokenize
+from headbudget.training.data import load_data
+from headbudget.training.evaluation import accuracy
+from headbudget.training.report import align_labels
+
+
+def cpu_name() -> str:
+    """lscpu's model name (the machine every timing here was taken on)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def matched_budget(mean_cost: float, n_layers: int, n_heads: int) -> tuple[float, int]:
+    """The budget whose k = round(b * L * H) is the head count closest to ``mean_cost`` of all heads."""
+    total = n_layers * n_heads
+    k = max(1, round(mean_cost * total))
+    b = k / total
+    assert n_kept(b, n_layers, n_heads) == k
+    return b, k
+
+
+def budgeted_accuracy(folder: Path, data_spec: str, budget: float) -> dict[str, Any]:
+    """Hard accuracy of the budgeted checkpoint at ``budget`` and dense (b = 1) on the test split."""
+    model, config = load_checkpoint(folder)
+    meta = config.get("data", {})
+    ds = load_data(data_spec, meta.get("text_column", "text"), meta.get("label_column", "label"),
+                   seed=int(config.get("seed", 7)))
+    part = align_labels(ds, ds.split("test"), model.cfg.labels)
+    data = tokenize(part, TextEncoder(folder, int(config.get("max_length", model.cfg.max_position))))
+    return {"budget": budget, "accuracy_hard": accuracy(model, data, "hard", budget),
+            "accuracy_b1": accuracy(model, data, "hard", 1.0), "n_examples": len(data)}
+
+
+def summarise(data: Path, checkpoints: dict[str, Path], budgeted: Path, texts: int, repeats: int) -> dict[str, Any]:
+    """Everything the results table needs, as one JSON-able dict."""
+    out: dict[str, Any] = {"dataset": data.name, "cpu": cpu_name(), "date": datetime.date.today().isoformat(),
+                           "budgeted_checkpoint": str(budgeted), "types": {}}
+    for kind, folder in checkpoints.items():
+        report = json.loads((folder / "adaptive_sweep.json").read_text())
+        report.pop("predicted_budgets", None)  # per-text list: in the checkpoint's own file, not here
+        entry: dict[str, Any] = {"checkpoint": str(folder), "report": report}
+        others: list[tuple[str, Path, float]] = [("budgeted_dense_ort", budgeted, 1.0)]
+        if kind == "budgetformer":
+            b, k = matched_budget(report["mean_cost"], 6, 12)
+            entry["budgeted_at_mean_cost"] = {**budgeted_accuracy(budgeted, str(data), b), "heads": k}
+            others.append(("budgeted_matched_ort", budgeted, b))
+        entry["latency_texts"] = bench_texts(folder, data, texts, 10, others)
+        entry["latency_lengths"] = bench_lengths(folder, (128, 512), repeats, 3, data)
+        out["types"][kind] = entry
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI; one-line errors, exit code 2."""
+    p = argparse.ArgumentParser(prog="python -m headbudget.training.adaptive_summary", description=__doc__)
+    p.add_argument("--data", type=Path, required=True)
+    p.add_argument("--budgeted", type=Path, required=True, help="the budgeted checkpoint to compare with")
+    for kind in ("budgetformer", "span", "adaattention"):
+        p.add_argument(f"--{kind}", type=Path, default=None)
+    p.add_argument("--texts", type=int, default=300, help="real test texts timed at their own lengths")
+    p.add_argument("--repeats", type=int, default=20, help="inputs timed per fixed length")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    checkpoints = {k: getattr(args, k) for k in ("budgetformer", "span", "adaattention") if getattr(args, k)}
+    try:
+        for folder in [*checkpoints.values(), args.budgeted]:
+            if not (folder / "config.json").is_file():
+                raise FileNotFoundError(f"{folder}: not a checkpoint folder")
+        for kind, folder in checkpoints.items():
+            if not (folder / "adaptive_sweep.json").is_file():
+                raise FileNotFoundError(f"{folder}: no adaptive_sweep.json; run `headbudget eval` on it first")
+        result = summarise(args.data, checkpoints, args.budgeted, args.texts, args.repeats)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
