@@ -77,9 +77,11 @@ def from_pretrained(
 ) -> BudgetedClassifier:
     """Encoder weights from a local BERT folder; classifier head, gates and adaptive parts freshly initialised."""
     cfg = replace(config_from_hf(folder, labels, gate), model_type=model_type)
+    # Built before seeding: the reference's own random init must not shift the model's (same init as before
+    # the adaptive types existed, so old runs reproduce).
+    bert_names = set(BudgetedClassifier(replace(cfg, model_type="budgeted")).state_dict())
     torch.manual_seed(seed)
     model = build_model(cfg)
-    bert_names = set(BudgetedClassifier(replace(cfg, model_type="budgeted")).state_dict())
     path = folder / "model.safetensors"
     try:
         hf_state = load_file(str(path))
@@ -106,9 +108,12 @@ def random_init(
 ) -> BudgetedClassifier:
     """The ``tiny`` base: a randomly initialised encoder (2 layers x 4 heads, width 64 unless overridden)."""
     cfg = replace(ModelConfig(labels=labels, gate=gate, model_type=model_type), **{**TINY, **overrides})
+    # The reference is built before seeding so that its init does not consume the model's random stream: the
+    # smoke recipe's tiny model is init-sensitive (drawn after it, dense stayed at chance, 0.505).
+    bert_names = set(BudgetedClassifier(replace(cfg, model_type="budgeted")).state_dict())
     torch.manual_seed(seed)
     model = build_model(cfg)
-    adaptive = set(model.state_dict()) - set(BudgetedClassifier(replace(cfg, model_type="budgeted")).state_dict())
+    adaptive = set(model.state_dict()) - bert_names
     for name, m in model.named_modules():
         if f"{name}.weight" in adaptive:
             continue  # adaptive modules keep their own initialisation (they start from the dense model)
