@@ -15,8 +15,10 @@ _api_key = APIKeyHeader(name="X-API-Key", auto_error=False, description="An API 
 _bearer = HTTPBearer(auto_error=False, description="The same key as a bearer token")
 
 
-def get_runtime(request: Request) -> Runtime:
+async def get_runtime(request: Request) -> Runtime:
     """The process's runtime."""
+    # async on purpose: FastAPI runs a plain `def` dependency in its thread pool, a thread hop per request
+    # that py-spy showed on every /classify (the server's own overhead budget is about 1 ms).
     runtime: Runtime = request.app.state.runtime
     return runtime
 
