@@ -23,9 +23,9 @@ from headbudget.models.checkpoint import CheckpointError, load_checkpoint
 from headbudget.models.span import SpanClassifier, span_window
 from headbudget.models.tokenizer import TextEncoder
 from headbudget.training.batches import TokenizedSplit, batches, order_for_eval, tokenize
-from headbudget.training.data import DataError, Split, load_data
+from headbudget.training.data import DataError, Split
 from headbudget.training.evaluation import accuracy
-from headbudget.training.report import align_labels
+from headbudget.training.report import checkpoint_split
 
 log = logging.getLogger(__name__)
 
@@ -143,14 +143,7 @@ def evaluate_adaptive(folder: Path, data_spec: str, split: str, out: Path, limit
     if not isinstance(model, AdaptiveClassifier):
         raise DataError(f"{folder}: model_type {model.cfg.model_type!r} is not an adaptive type")
     model = model.to(device).eval()
-    meta = config.get("data", {})
-    ds = load_data(data_spec, meta.get("text_column", "text"), meta.get("label_column", "label"),
-                   seed=int(config.get("seed", 7)))
-    part = align_labels(ds, ds.split(split).take(limit), model.cfg.labels)
-    if not len(part):
-        raise DataError(f"split {split!r} of {data_spec} is empty")
-    encoder = TextEncoder(folder, int(config.get("max_length", model.cfg.max_position)))
-    data = tokenize(part, encoder)
+    ds, part, data = checkpoint_split(folder, config, model.cfg.labels, model.cfg.max_position, data_spec, split, limit)
     report: dict[str, Any] = {"model_type": model.cfg.model_type, "dataset": ds.name, "split": split,
                               "n_examples": len(data), "checkpoint": str(folder)}
     dense = None

@@ -23,11 +23,8 @@ from typing import Any
 from headbudget.engine.adaptive_bench import bench_lengths, bench_texts
 from headbudget.models.budget import n_kept
 from headbudget.models.checkpoint import load_checkpoint
-from headbudget.models.tokenizer import TextEncoder
-from headbudget.training.batches import tokenize
-from headbudget.training.data import load_data
 from headbudget.training.evaluation import accuracy
-from headbudget.training.report import align_labels
+from headbudget.training.report import checkpoint_split
 
 
 def cpu_name() -> str:
@@ -53,11 +50,7 @@ def matched_budget(mean_cost: float, n_layers: int, n_heads: int) -> tuple[float
 def budgeted_accuracy(folder: Path, data_spec: str, budget: float) -> dict[str, Any]:
     """Hard accuracy of the budgeted checkpoint at ``budget`` and dense (b = 1) on the test split."""
     model, config = load_checkpoint(folder)
-    meta = config.get("data", {})
-    ds = load_data(data_spec, meta.get("text_column", "text"), meta.get("label_column", "label"),
-                   seed=int(config.get("seed", 7)))
-    part = align_labels(ds, ds.split("test"), model.cfg.labels)
-    data = tokenize(part, TextEncoder(folder, int(config.get("max_length", model.cfg.max_position))))
+    _, _, data = checkpoint_split(folder, config, model.cfg.labels, model.cfg.max_position, data_spec, "test")
     return {"budget": budget, "accuracy_hard": accuracy(model, data, "hard", budget),
             "accuracy_b1": accuracy(model, data, "hard", 1.0), "n_examples": len(data)}
 
@@ -97,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         for folder in [*checkpoints.values(), args.budgeted]:
             if not (folder / "config.json").is_file():
                 raise FileNotFoundError(f"{folder}: not a checkpoint folder")
-        for kind, folder in checkpoints.items():
+        for folder in checkpoints.values():
             if not (folder / "adaptive_sweep.json").is_file():
                 raise FileNotFoundError(f"{folder}: no adaptive_sweep.json; run `headbudget eval` on it first")
         result = summarise(args.data, checkpoints, args.budgeted, args.texts, args.repeats)

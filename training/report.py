@@ -29,6 +29,19 @@ def align_labels(ds: DataSet, split: Split, model_labels: tuple[str, ...]) -> Sp
     return Split(split.texts, [index[ds.labels[y]] for y in split.labels])
 
 
+def checkpoint_split(folder: Path, config: dict[str, Any], labels: tuple[str, ...], max_position: int,
+                     data_spec: str, split: str, limit: int | None = None) -> tuple[DataSet, Split, TokenizedSplit]:
+    """``split`` of the data, read with the checkpoint's columns and seed, in its label order: raw and tokenized."""
+    meta = config.get("data", {})
+    ds = load_data(data_spec, meta.get("text_column", "text"), meta.get("label_column", "label"),
+                   seed=int(config.get("seed", 7)))
+    part = align_labels(ds, ds.split(split).take(limit), labels)
+    if not len(part):
+        raise DataError(f"split {split!r} of {data_spec} is empty")
+    encoder = TextEncoder(folder, int(config.get("max_length", max_position)))
+    return ds, part, tokenize(part, encoder)
+
+
 def evaluate_checkpoint(
     folder: Path, data_spec: str, split: str, out: Path, limit: int | None = None,
     model: BudgetedClassifier | None = None, config: dict[str, Any] | None = None,
@@ -38,14 +51,7 @@ def evaluate_checkpoint(
     if model is None or config is None:
         model, config = load_checkpoint(folder)
     model = model.to(device)
-    data_meta = config.get("data", {})
-    ds = load_data(data_spec, data_meta.get("text_column", "text"), data_meta.get("label_column", "label"),
-                   seed=int(config.get("seed", 7)))
-    part = align_labels(ds, ds.split(split).take(limit), model.cfg.labels)
-    if not len(part):
-        raise DataError(f"split {split!r} of {data_spec} is empty")
-    encoder = TextEncoder(folder, int(config.get("max_length", model.cfg.max_position)))
-    data = tokenize(part, encoder)
+    ds, _, data = checkpoint_split(folder, config, model.cfg.labels, model.cfg.max_position, data_spec, split, limit)
     dense_acc = None
     dense_dir = folder / "stages" / "dense"
     if (dense_dir / "config.json").is_file():

@@ -9,7 +9,6 @@ from headbudget.commands.common import positive_int
 from headbudget.models.config import MODEL_TYPES
 
 
-
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("train", help="train a budget-conditioned checkpoint")
     p.add_argument("--base", default="minilm", help="minilm, tiny, or a local Hugging Face BERT folder")
