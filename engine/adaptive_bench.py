@@ -18,7 +18,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -31,6 +31,15 @@ from headbudget.engine.factory import load_engine
 from headbudget.engine.types import EngineOptions
 
 CLS, SEP = 101, 102
+
+
+class Other(NamedTuple):
+    """Another checkpoint timed beside the adaptive one: its engine at ``budget`` on ``backend``."""
+
+    name: str
+    folder: Path
+    budget: float
+    backend: str = "onnxruntime"
 
 
 def synthetic_rows(engine: AdaptiveEngine, length: int, count: int, data: Path | None,
@@ -96,12 +105,12 @@ def bench_lengths(model_dir: Path, lengths: Sequence[int] = (128, 512), repeats:
 
 
 def bench_texts(model_dir: Path, data: Path, n: int = 300, warmup: int = 10,
-                others: Sequence[tuple[str, Path, float]] = (), cap_budget: float = 1.0) -> dict[str, Any]:
+                others: Sequence[Other] = (), cap_budget: float = 1.0) -> dict[str, Any]:
     """Real texts at their own lengths (batch 1): adaptive vs fast dense, and other checkpoints' engines.
 
-    ``others`` are (name, checkpoint folder, budget) run through ``load_engine`` with its default backend
-    (ONNX Runtime for the budgeted type) in the same rounds, so every method sees the same texts in the same
-    process; each timed number is the median over the texts of one call per text.
+    ``others`` run through ``load_engine`` on their backend (ONNX Runtime by default; ``torch`` for a
+    like-for-like comparison with the adaptive PyTorch path) in the same rounds, so every method sees the same
+    texts in the same process; each timed number is the median over the texts of one call per text.
     """
     engine = load_engine(Path(model_dir), EngineOptions(backend="torch", threads=1))
     if not isinstance(engine, AdaptiveEngine):
@@ -115,8 +124,8 @@ def bench_texts(model_dir: Path, data: Path, n: int = 300, warmup: int = 10,
         "fast_dense": lambda ids, mask: engine.run_rows([ids[0]], cap, adaptive=False),
     }
     loaded = []
-    for name, folder, budget in others:
-        other = load_engine(Path(folder), EngineOptions(threads=1))
+    for name, folder, budget, backend in others:
+        other = load_engine(Path(folder), EngineOptions(backend=backend, threads=1))
         other.warmup()
         loaded.append(other)
         methods[name] = (lambda e, b: lambda ids, mask: e.predict_ids(ids, mask, b))(other, budget)  # type: ignore[attr-defined]
@@ -131,7 +140,8 @@ def bench_texts(model_dir: Path, data: Path, n: int = 300, warmup: int = 10,
     return {"model": str(model_dir), "model_type": engine.kind, "threads": 1, "batch_size": 1, "texts": n,
             "data": str(data), "cap_budget": cap_budget,
             "median_tokens": float(np.median([len(r) for r in rows[warmup:]])),
-            "others": [{"name": a, "model": str(b), "budget": c} for a, b, c in others],
+            "others": [{"name": o.name, "model": str(o.folder), "budget": o.budget, "backend": o.backend}
+                       for o in others],
             **{f"{k}_ms": v for k, v in ms.items()},
             "speedup_vs_fast_dense": round(ms["fast_dense"] / ms["adaptive"], 3),
             "attention_mac_ratio": round(float(np.mean(ratios)), 4)}
@@ -147,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=None, help="folder with test.csv/train.csv (real token ids)")
     parser.add_argument("--texts", type=int, default=0,
                         help="instead of fixed lengths: this many real texts from --data at their own lengths")
-    parser.add_argument("--compare", action="append", default=[], metavar="NAME=DIR@BUDGET",
+    parser.add_argument("--compare", action="append", default=[], metavar="NAME=DIR@BUDGET[:BACKEND]",
                         help="with --texts: also time another checkpoint's engine at a budget (repeatable)")
     args = parser.parse_args(argv)
     try:
@@ -158,9 +168,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             for item in args.compare:
                 name, _, rest = item.partition("=")
                 folder, _, budget = rest.rpartition("@")
+                budget, _, backend = budget.partition(":")
                 if not name or not folder:
-                    raise ValueError(f"--compare {item!r}: expected NAME=DIR@BUDGET")
-                others.append((name, Path(folder), float(budget)))
+                    raise ValueError(f"--compare {item!r}: expected NAME=DIR@BUDGET[:BACKEND]")
+                others.append(Other(name, Path(folder), float(budget), backend or "onnxruntime"))
             print(json.dumps(bench_texts(args.model, args.data, args.texts, args.warmup, others), indent=2))
             return 0
         lengths = [int(x) for x in args.lengths.split(",") if x.strip()]

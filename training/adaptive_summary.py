@@ -20,7 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from headbudget.engine.adaptive_bench import bench_lengths, bench_texts
+from headbudget.engine.adaptive_bench import Other, bench_lengths, bench_texts
+from headbudget.engine.errors import EngineError
 from headbudget.models.budget import n_kept
 from headbudget.models.checkpoint import load_checkpoint
 from headbudget.training.evaluation import accuracy
@@ -55,21 +56,25 @@ def budgeted_accuracy(folder: Path, data_spec: str, budget: float) -> dict[str, 
             "accuracy_b1": accuracy(model, data, "hard", 1.0), "n_examples": len(data)}
 
 
-def summarise(data: Path, checkpoints: dict[str, Path], budgeted: Path, texts: int, repeats: int) -> dict[str, Any]:
+def summarise(data: Path, checkpoints: dict[str, Path], budgeted: Path, texts: int, repeats: int,
+              lengths: tuple[int, ...] = (128, 512)) -> dict[str, Any]:
     """Everything the results table needs, as one JSON-able dict."""
     out: dict[str, Any] = {"dataset": data.name, "cpu": cpu_name(), "date": datetime.date.today().isoformat(),
                            "budgeted_checkpoint": str(budgeted), "types": {}}
+    ref, _ = load_checkpoint(budgeted)
     for kind, folder in checkpoints.items():
         report = json.loads((folder / "adaptive_sweep.json").read_text())
         report.pop("predicted_budgets", None)  # per-text list: in the checkpoint's own file, not here
         entry: dict[str, Any] = {"checkpoint": str(folder), "report": report}
-        others: list[tuple[str, Path, float]] = [("budgeted_dense_ort", budgeted, 1.0)]
+        # The budgeted checkpoint on both runtimes: ONNX Runtime is what the product serves it on; the torch
+        # backend is the like-for-like check, since the adaptive types run on a PyTorch path.
+        others = [Other("budgeted_dense_ort", budgeted, 1.0), Other("budgeted_dense_torch", budgeted, 1.0, "torch")]
         if kind == "budgetformer":
-            b, k = matched_budget(report["mean_cost"], 6, 12)
+            b, k = matched_budget(report["mean_cost"], ref.cfg.n_layers, ref.cfg.n_heads)
             entry["budgeted_at_mean_cost"] = {**budgeted_accuracy(budgeted, str(data), b), "heads": k}
-            others.append(("budgeted_matched_ort", budgeted, b))
+            others += [Other("budgeted_matched_ort", budgeted, b), Other("budgeted_matched_torch", budgeted, b, "torch")]
         entry["latency_texts"] = bench_texts(folder, data, texts, 10, others)
-        entry["latency_lengths"] = bench_lengths(folder, (128, 512), repeats, 3, data)
+        entry["latency_lengths"] = bench_lengths(folder, lengths, repeats, 3, data)
         out["types"][kind] = entry
     return out
 
@@ -83,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument(f"--{kind}", type=Path, default=None)
     p.add_argument("--texts", type=int, default=300, help="real test texts timed at their own lengths")
     p.add_argument("--repeats", type=int, default=20, help="inputs timed per fixed length")
+    p.add_argument("--lengths", default="128,512", help="fixed lengths timed for every type (comma-separated)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     checkpoints = {k: getattr(args, k) for k in ("budgetformer", "span", "adaattention") if getattr(args, k)}
@@ -93,8 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         for folder in checkpoints.values():
             if not (folder / "adaptive_sweep.json").is_file():
                 raise FileNotFoundError(f"{folder}: no adaptive_sweep.json; run `headbudget eval` on it first")
-        result = summarise(args.data, checkpoints, args.budgeted, args.texts, args.repeats)
-    except (OSError, ValueError) as e:
+        lengths = tuple(int(x) for x in args.lengths.split(",") if x.strip())
+        if not checkpoints:
+            raise ValueError("give at least one of --budgetformer, --span, --adaattention")
+        result = summarise(args.data, checkpoints, args.budgeted, args.texts, args.repeats, lengths)
+    except (OSError, ValueError, EngineError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     args.out.parent.mkdir(parents=True, exist_ok=True)
