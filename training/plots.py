@@ -83,8 +83,10 @@ def adaptive_plot(report: dict[str, Any], path: Path) -> Path:
                     title=f"AdaAttention: {100 * report['full_head_fraction']:.0f}% of heads at full dimension")
         axes[1].bar(range(len(fr)), report["mean_score_per_layer"], color="tab:gray")
         axes[1].axhline(0.5, color="black", linestyle="--", label="threshold")
-        axes[1].set(xlabel="layer", ylabel="mean complexity score", title="complexity scores")
-    if dense is not None:
+        acc = f"accuracy {100 * report['accuracy']:.2f}%" + (f" (dense {100 * dense:.2f}%)" if dense else "")
+        axes[1].set(xlabel="layer", ylabel="mean complexity score", ylim=(0, 1.05),
+                    title=f"complexity scores; {acc}")
+    if dense is not None and kind != "adaattention":  # its right panel is a score axis, not accuracy
         axes[1 if kind != "span" else 0].axhline(100 * dense, color="gray", linestyle=":",
                                                   label=f"dense {100 * dense:.1f}%")
     for ax in axes:
