@@ -28,7 +28,7 @@ from headbudget.engine.adaptive_cost import usage_cost
 from headbudget.engine.bench import data_texts, time_round_robin
 from headbudget.engine.errors import ModelLoadError
 from headbudget.engine.factory import load_engine
-from headbudget.engine.types import EngineOptions
+from headbudget.engine.types import Backend, EngineOptions
 
 CLS, SEP = 101, 102
 
@@ -39,7 +39,7 @@ class Other(NamedTuple):
     name: str
     folder: Path
     budget: float
-    backend: str = "onnxruntime"
+    backend: Backend = "onnxruntime"
 
 
 def synthetic_rows(engine: AdaptiveEngine, length: int, count: int, data: Path | None,
@@ -169,9 +169,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 name, _, rest = item.partition("=")
                 folder, _, budget = rest.rpartition("@")
                 budget, _, backend = budget.partition(":")
-                if not name or not folder:
-                    raise ValueError(f"--compare {item!r}: expected NAME=DIR@BUDGET[:BACKEND]")
-                others.append(Other(name, Path(folder), float(budget), backend or "onnxruntime"))
+                if not name or not folder or backend not in ("", "onnxruntime", "torch"):
+                    raise ValueError(f"--compare {item!r}: expected NAME=DIR@BUDGET[:onnxruntime|torch]")
+                others.append(Other(name, Path(folder), float(budget), "torch" if backend == "torch" else "onnxruntime"))
             print(json.dumps(bench_texts(args.model, args.data, args.texts, args.warmup, others), indent=2))
             return 0
         lengths = [int(x) for x in args.lengths.split(",") if x.strip()]

@@ -214,12 +214,14 @@ def test_bench_texts_times_real_texts_against_other_engines(checkpoints: dict[st
     rows = "\n".join(f"text number {i} with {'some ' * (i % 7)}words,a" for i in range(12))
     (tmp_path / "test.csv").write_text("text,label\n" + rows + "\n")
     argv = ["--model", str(checkpoints["budgetformer"]), "--data", str(tmp_path), "--texts", "6", "--warmup", "1",
-            "--compare", f"budgeted_half={tiny_checkpoint}@0.5"]
+            "--compare", f"budgeted_half={tiny_checkpoint}@0.5", "--compare", f"half_torch={tiny_checkpoint}@0.5:torch"]
     assert main(argv) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["texts"] == 6 and r["others"][0]["budget"] == 0.5
-    assert r["adaptive_ms"] > 0 and r["fast_dense_ms"] > 0 and r["budgeted_half_ms"] > 0
+    assert [o["backend"] for o in r["others"]] == ["onnxruntime", "torch"]
+    assert r["adaptive_ms"] > 0 and r["fast_dense_ms"] > 0 and r["budgeted_half_ms"] > 0 and r["half_torch_ms"] > 0
     assert 0 < r["attention_mac_ratio"] <= 1.0
     assert main(["--model", str(checkpoints["budgetformer"]), "--texts", "3"]) == 2
     assert main([*argv[:6], "--compare", "nonsense"]) == 2
-    assert capsys.readouterr().err.count("error: ") == 2
+    assert main([*argv[:6], "--compare", f"x={tiny_checkpoint}@0.5:gpu"]) == 2
+    assert capsys.readouterr().err.count("error: ") == 3
