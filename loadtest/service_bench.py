@@ -113,16 +113,16 @@ def overhead(model: Path, texts: list[str], budget: float, wait_ms: float) -> di
 
     engine = load_engine(model, EngineOptions())
     engine.warmup()
-    engine_ms = []
-    for t in texts:
+
+    def engine_ms_for(text: str) -> float:
         runs = []
         for _ in range(3):
             t0 = time.perf_counter()
-            engine.predict([t], budget)
+            engine.predict([text], budget)
             runs.append((time.perf_counter() - t0) * 1e3)
-        engine_ms.append(statistics.median(runs))
-    engine.close()
-    rtt, forward_ms, handler_ms, floor = [], [], [], []
+        return statistics.median(runs)
+
+    engine_ms, rtt, forward_ms, handler_ms, floor = [], [], [], [], []
     with Server(model, 1, 32, wait_ms, budget) as srv:
         # A bare keep-alive http.client connection: the figure is the server's overhead, and httpx's own
         # per-request cost (~0.4 ms more on this CPU, measured) would be counted in it otherwise.
@@ -131,6 +131,9 @@ def overhead(model: Path, texts: list[str], budget: float, wait_ms: float) -> di
             for t in texts[:20]:  # warm the connection and the server's caches
                 _post(conn, t, budget)
             for t in texts:
+                # Paired in time: this process's engine on the text, then the server on it, so drift in the
+                # machine's speed (a shared VM here) hits both sides of the difference alike.
+                engine_ms.append(engine_ms_for(t))
                 t0 = time.perf_counter()
                 answer = _post(conn, t, budget)
                 rtt.append((time.perf_counter() - t0) * 1e3)
@@ -143,6 +146,7 @@ def overhead(model: Path, texts: list[str], budget: float, wait_ms: float) -> di
                 floor.append((time.perf_counter() - t0) * 1e3)
         finally:
             conn.close()
+            engine.close()
     diffs = [a - b for a, b in zip(rtt, engine_ms, strict=True)]
     return {
         "n_requests": len(texts), "budget": budget, "batch_window_ms": wait_ms, "client": "http.client keep-alive",
