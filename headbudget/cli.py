@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from headbudget.commands.common import USER_ERRORS, CliError
 
 # Each module exposes ``register(subparsers)``; handlers import heavy libraries lazily so --help is fast.
-COMMANDS = ("train", "evaluate", "predict", "bench", "serve", "keys", "importance", "compare")
+COMMANDS = ("train", "evaluate", "predict", "bench", "serve", "keys", "importance", "compare", "compare_adaptive")
 
 
 class OneLineParser(argparse.ArgumentParser):

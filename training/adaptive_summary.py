@@ -20,13 +20,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from headbudget.engine.adaptive_bench import Other, bench_lengths, bench_texts
 from headbudget.engine.errors import EngineError
-from headbudget.models.budget import n_kept
-from headbudget.models.checkpoint import load_checkpoint
-from headbudget.training.evaluation import accuracy
-from headbudget.training.report import checkpoint_split
 
+# The engine, models and data imports (torch and ONNX Runtime among them) happen inside the functions that
+# use them, so that `headbudget --help` and the CLI's argument parsing stay fast.
 
 def cpu_name() -> str:
     """lscpu's model name (the machine every timing here was taken on)."""
@@ -41,6 +38,8 @@ def cpu_name() -> str:
 
 def matched_budget(mean_cost: float, n_layers: int, n_heads: int) -> tuple[float, int]:
     """The budget whose k = round(b * L * H) is the head count closest to ``mean_cost`` of all heads."""
+    from headbudget.models.budget import n_kept
+
     total = n_layers * n_heads
     k = max(1, round(mean_cost * total))
     b = k / total
@@ -50,6 +49,10 @@ def matched_budget(mean_cost: float, n_layers: int, n_heads: int) -> tuple[float
 
 def budgeted_accuracy(folder: Path, data_spec: str, budget: float) -> dict[str, Any]:
     """Hard accuracy of the budgeted checkpoint at ``budget`` and dense (b = 1) on the test split."""
+    from headbudget.models.checkpoint import load_checkpoint
+    from headbudget.training.evaluation import accuracy
+    from headbudget.training.report import checkpoint_split
+
     model, config = load_checkpoint(folder)
     _, _, data = checkpoint_split(folder, config, model.cfg.labels, model.cfg.max_position, data_spec, "test")
     return {"budget": budget, "accuracy_hard": accuracy(model, data, "hard", budget),
@@ -59,6 +62,9 @@ def budgeted_accuracy(folder: Path, data_spec: str, budget: float) -> dict[str, 
 def summarise(data: Path, checkpoints: dict[str, Path], budgeted: Path, texts: int, repeats: int,
               lengths: tuple[int, ...] = (128, 512)) -> dict[str, Any]:
     """Everything the results table needs, as one JSON-able dict."""
+    from headbudget.engine.adaptive_bench import Other, bench_lengths, bench_texts
+    from headbudget.models.checkpoint import load_checkpoint
+
     out: dict[str, Any] = {"dataset": data.name, "cpu": cpu_name(), "date": datetime.date.today().isoformat(),
                            "budgeted_checkpoint": str(budgeted), "types": {}}
     ref, _ = load_checkpoint(budgeted)
@@ -79,18 +85,20 @@ def summarise(data: Path, checkpoints: dict[str, Path], budgeted: Path, texts: i
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI; one-line errors, exit code 2."""
-    p = argparse.ArgumentParser(prog="python -m headbudget.training.adaptive_summary", description=__doc__)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options, shared by this module's CLI and `headbudget compare-adaptive`."""
     p.add_argument("--data", type=Path, required=True)
     p.add_argument("--budgeted", type=Path, required=True, help="the budgeted checkpoint to compare with")
     for kind in ("budgetformer", "span", "adaattention"):
-        p.add_argument(f"--{kind}", type=Path, default=None)
+        p.add_argument(f"--{kind}", type=Path, default=None, help=f"a trained {kind} checkpoint")
     p.add_argument("--texts", type=int, default=300, help="real test texts timed at their own lengths")
     p.add_argument("--repeats", type=int, default=20, help="inputs timed per fixed length")
     p.add_argument("--lengths", default="128,512", help="fixed lengths timed for every type (comma-separated)")
     p.add_argument("--out", type=Path, required=True)
-    args = p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the inputs, summarise, write ``--out``; one-line errors, exit code 2."""
     checkpoints = {k: getattr(args, k) for k in ("budgetformer", "span", "adaattention") if getattr(args, k)}
     try:
         for folder in [*checkpoints.values(), args.budgeted]:
@@ -110,6 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI; one-line errors, exit code 2."""
+    p = argparse.ArgumentParser(prog="python -m headbudget.training.adaptive_summary", description=__doc__)
+    add_arguments(p)
+    return run(p.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import pytest
 
 from headbudget.training.adaptive_summary import main, matched_budget
 from headbudget.training.data import load_data
+from tests.conftest import run_cli
 
 
 def _synthetic_folder(folder: Path) -> Path:
@@ -58,3 +59,10 @@ def test_summary_on_smoke_checkpoints(budgetformer_smoke: Path, smoke_checkpoint
         assert main(bad) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 3 and all(line.startswith("error: ") for line in err)
+
+
+def test_cli_subcommand_runs_the_summary(tmp_path: Path) -> None:
+    proc = run_cli("compare-adaptive", "--data", str(tmp_path), "--budgeted", str(tmp_path / "missing"),
+                   "--span", str(tmp_path), "--out", str(tmp_path / "a.json"))
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1
+    assert "not a checkpoint folder" in proc.stderr and not (tmp_path / "a.json").exists()
