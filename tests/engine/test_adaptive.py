@@ -225,3 +225,13 @@ def test_bench_texts_times_real_texts_against_other_engines(checkpoints: dict[st
     assert main([*argv[:6], "--compare", "nonsense"]) == 2
     assert main([*argv[:6], "--compare", f"x={tiny_checkpoint}@0.5:gpu"]) == 2
     assert capsys.readouterr().err.count("error: ") == 3
+
+
+def test_adjacent_dense_with_ramp_groups_run_as_one() -> None:
+    from headbudget.engine.adaptive_backend import RAMP_DENSE, _merge_ramp_groups
+
+    plan = (((0,), 32, 11), ((1, 2), 32, 15), ((3,), 32, 28), ((4,), 32, 60), ((5,), 32, 137))
+    # n = 60: windows 11 and 15 run banded, 28 / 60 / 137 all run over every key with the ramp
+    assert _merge_ramp_groups(plan, 60) == (((0,), 32, 11), ((1, 2), 32, 15), ((3, 4, 5), 32, RAMP_DENSE))
+    assert _merge_ramp_groups(plan, 8) == (((0, 1, 2, 3, 4, 5), 32, RAMP_DENSE),)
+    assert _merge_ramp_groups((((0, 1), 32, 0),), 60) == (((0, 1), 32, 0),)  # not a span model: untouched
