@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -60,6 +61,23 @@ async def running_app(config: ServiceConfig | None = None, engine: FakeEngine | 
         transport = httpx.ASGITransport(app=app, client=(HOST, 5555), raise_app_exceptions=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             yield client, app, engine
+
+
+async def queued_behind_first(engine: FakeEngine, first_budget: float, budgets: list[float | str],
+                              max_wait_ms: float = 50) -> list[httpx.Response]:
+    """One request at ``first_budget`` whose batch the engine holds, then one request per budget queued behind
+    it, then the engine released: the answers, first one first (the batch-window tests)."""
+    engine.gate.clear()  # hold the first batch so that the rest queue up behind it
+    async with running_app(make_config(max_wait_ms=max_wait_ms), engine=engine) as (client, _, _):
+        first = asyncio.create_task(client.post(f"/classify?budget={first_budget}", json={"text": "first"},
+                                                headers=headers()))
+        await asyncio.sleep(0.1)
+        tasks = [asyncio.create_task(client.post(f"/classify?budget={b}", json={"text": f"t{i}"},
+                                                 headers=headers()))
+                 for i, b in enumerate(budgets)]
+        await asyncio.sleep(0.1)
+        engine.gate.set()
+        return list(await asyncio.gather(first, *tasks))
 
 
 @pytest.fixture

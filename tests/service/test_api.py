@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
 
 from headbudget.service.settings import parse_config
-from tests.service.conftest import KEYS, config_dict, headers, make_config, running_app
+from tests.service.conftest import KEYS, config_dict, headers, make_config, queued_behind_first, running_app
 from tests.service.fakes import FakeEngine
 
 pytestmark = pytest.mark.anyio
@@ -277,16 +276,7 @@ async def test_latency_targets_are_histogram_buckets() -> None:
 
 async def test_concurrent_requests_share_a_batch_by_mask() -> None:
     engine = FakeEngine()
-    engine.gate.clear()  # hold the first batch so that the rest queue up behind it
-    async with running_app(make_config(max_wait_ms=50), engine=engine) as (client, _, _):
-        first = asyncio.create_task(client.post("/classify?budget=1.0", json={"text": "first"}, headers=headers()))
-        await asyncio.sleep(0.1)
-        tasks = [asyncio.create_task(client.post(f"/classify?budget={b}", json={"text": f"t{i}"},
-                                                 headers=headers()))
-                 for i, b in enumerate([0.5, 0.25, 0.5, 0.25, 0.52])]
-        await asyncio.sleep(0.1)
-        engine.gate.set()
-        results = await asyncio.gather(first, *tasks)
+    results = await queued_behind_first(engine, 1.0, [0.5, 0.25, 0.5, 0.25, 0.52])
     assert all(r.status_code == 200 for r in results)
     batches = sorted(sorted(texts) for texts, _ in engine.calls)
     assert batches == [["first"], ["t0", "t2", "t4"], ["t1", "t3"]]  # 0.5 and 0.52 keep the same 4 heads

@@ -13,7 +13,13 @@ from headbudget.service.auth import hash_key
 from headbudget.service.server import curl_command
 from headbudget.service.settings import ConfigError, ServiceConfig, parse_config
 from headbudget.service.state import AnswerRecord
-from tests.service.conftest import config_dict, headers, make_config, running_app, toml_of
+from tests.service.conftest import (
+    config_dict,
+    headers,
+    queued_behind_first,
+    running_app,
+    toml_of,
+)
 from tests.service.fakes import FakeBudgetFormer, FakeEngine
 from tests.service.test_api import error_of, sample
 from tests.service.test_scheduling import BENCH
@@ -126,16 +132,7 @@ async def test_auto_bucket_in_metrics_and_feedback() -> None:
 
 async def test_auto_and_an_uncapped_budget_share_a_batch() -> None:
     engine = FakeBudgetFormer()
-    engine.gate.clear()  # hold the first batch so that the rest queue up behind it
-    async with running_app(make_config(max_wait_ms=50), engine=engine) as (client, _, _):
-        first = asyncio.create_task(client.post("/classify?budget=0.5", json={"text": "first"}, headers=headers()))
-        await asyncio.sleep(0.1)
-        tasks = [asyncio.create_task(client.post(f"/classify?budget={b}", json={"text": f"t{i}"},
-                                                 headers=headers()))
-                 for i, b in enumerate(["auto", 1.0, 0.5, "auto", 0.6])]
-        await asyncio.sleep(0.1)
-        engine.gate.set()
-        results = await asyncio.gather(first, *tasks)
+    results = await queued_behind_first(engine, 0.5, ["auto", 1.0, 0.5, "auto", 0.6])
     assert all(r.status_code == 200 for r in results)
     batches = sorted(sorted(texts) for texts, _ in engine.calls)
     assert batches == [["first"], ["t0", "t1", "t3"], ["t2", "t4"]]  # caps 4 and 2 heads per layer
