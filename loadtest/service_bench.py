@@ -227,8 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.model / "config.json").is_file() or not (args.data / "test.csv").is_file():
         print("service_bench: error: need a checkpoint folder and a data folder with test.csv", file=sys.stderr)
         return 2
+    from headbudget.engine.bench import cpu_name
+
     texts = load_texts(args.data, args.requests)
-    result: dict[str, Any] = {"model": str(args.model), "cpu": _cpu(), "date": time.strftime("%Y-%m-%d"),
+    result: dict[str, Any] = {"model": str(args.model), "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"),
                               "workers": args.workers, "concurrency": args.concurrency}
     result.update(overhead(args.model, texts, args.budget, args.wait_ms))
     result["throughput"] = [
@@ -240,14 +242,6 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "throughput"}, indent=2))
     return 0
-
-
-def _cpu() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        return next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "unknown")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,17 +23,6 @@ from headbudget.engine.errors import EngineError
 
 # The engine, models and data imports (torch and ONNX Runtime among them) happen inside the functions that
 # use them, so that `headbudget --help` and the CLI's argument parsing stay fast.
-
-def cpu_name() -> str:
-    """lscpu's model name (the machine every timing here was taken on)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
 
 def matched_budget(mean_cost: float, n_layers: int, n_heads: int) -> tuple[float, int]:
     """The budget whose k = round(b * L * H) is the head count closest to ``mean_cost`` of all heads."""
@@ -63,6 +51,7 @@ def summarise(data: Path, checkpoints: dict[str, Path], budgeted: Path, texts: i
               lengths: tuple[int, ...] = (128, 512)) -> dict[str, Any]:
     """Everything the results table needs, as one JSON-able dict."""
     from headbudget.engine.adaptive_bench import Other, bench_lengths, bench_texts
+    from headbudget.engine.bench import cpu_name
     from headbudget.models.checkpoint import load_checkpoint
 
     out: dict[str, Any] = {"dataset": data.name, "cpu": cpu_name(), "date": datetime.date.today().isoformat(),
