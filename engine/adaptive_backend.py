@@ -90,6 +90,12 @@ def _layer(layer: EncoderLayer, perm: list[int]) -> _Layer:
                   layer.intermediate, layer.ffn_out, layer.ffn_norm, z, log_m)
 
 
+def _ramp_is_one(layer: _Layer, heads: tuple[int, ...], n: int) -> bool:
+    """Whether every one of ``heads`` (consecutive) sees every key of an ``n``-token input at full weight
+    (span z >= n - 1): then they run, and are costed, as plain attention."""
+    return layer.span_z is not None and float(layer.span_z[heads[0] : heads[-1] + 1].min()) >= n - 1
+
+
 RAMP_DENSE = -1  # a merged group: span heads of several windows, all run over every key with the ramp
 
 
@@ -255,7 +261,7 @@ class AdaptiveEngine(EngineBase):
 
     def _pairs(self, layer: _Layer, heads: tuple[int, ...], window: int, n: int) -> int:
         """(query, key) pairs ``_span`` (window > 0) or plain attention multiplies per head."""
-        if not window or (layer.span_z is not None and float(layer.span_z[heads[0] : heads[-1] + 1].min()) >= n - 1):
+        if not window or _ramp_is_one(layer, heads, n):
             return n * n
         return span_pairs(window, n)
 
@@ -335,12 +341,11 @@ class AdaptiveEngine(EngineBase):
                     heads: tuple[int, ...]) -> torch.Tensor:
         """Span heads (consecutive in the layer's order) over every key, the ramp as a per-head additive mask:
         q, k, v (g, n, dh) -> (g, n, dh). One SDPA for all of them, whatever their windows."""
-        assert layer.span_z is not None and layer.span_log_m is not None
+        assert layer.span_log_m is not None
         n = q.shape[1]
-        lo, hi = heads[0], heads[-1] + 1
-        if float(layer.span_z[lo:hi].min()) >= n - 1:  # the ramp is 1 on every pair (log m = 0): plain attention
+        if _ramp_is_one(layer, heads, n):  # log m = 0 on every pair: plain attention
             return F.scaled_dot_product_attention(q[None], k[None], v[None], scale=self.scale)[0]
-        bias = layer.span_log_m[lo:hi][:, self._dist[:n, :n]]  # (g, n, n): log m at each distance
+        bias = layer.span_log_m[heads[0] : heads[-1] + 1][:, self._dist[:n, :n]]  # (g, n, n): log m per distance
         return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=bias[None], scale=self.scale)[0]
 
     def _span(self, layer: _Layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: tuple[int, ...],
