@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 
 import headbudget
 from headbudget.engine.protocol import Engine
-from headbudget.service.errors import ClientGone, error_body, install_error_handlers
+from headbudget.service.errors import install_error_handlers
+from headbudget.service.fastpath import ClassifyFastPath
 from headbudget.service.metrics import mark_worker_dead
 from headbudget.service.middleware import RequestContextMiddleware
 from headbudget.service.routes import classify, feedback, health, models
@@ -59,13 +59,9 @@ def create_app(config: ServiceConfig, engine_factory: Callable[[], Engine], *, c
     app.state.runtime = runtime
     install_error_handlers(app)
 
-    @app.exception_handler(ClientGone)
-    async def _gone(request: Request, _: ClientGone) -> JSONResponse:
-        request.state.error_code = "client_closed_request"
-        return JSONResponse(error_body("client_closed_request", "the client went away"), status_code=499)
-
     for router in (classify.router, feedback.router, models.router, health.router):
         app.include_router(router)
+    app.add_middleware(ClassifyFastPath, runtime=runtime)  # inside the request context: ids, 413, logs, metrics
     app.add_middleware(RequestContextMiddleware, metrics=runtime.metrics,
                        max_body_bytes=config.server.max_body_bytes)
     return app

@@ -244,14 +244,8 @@ class Batcher:
                 _deliver(job, e)
             return
         wall = time.monotonic() - started
-        longest = max((p.n_tokens for p in result.predictions), default=1)
-        self.latency.observe(budget, len(texts) * longest, wall * 1000)
-        for text, pred in zip(texts, result.predictions, strict=True):
-            if not pred.truncated:
-                self.latency.observe_text(len(text), pred.n_tokens)
-        self._metrics.observe_batch(budget, wall, len(texts))
         offset = 0
-        for job in batch:
+        for job in batch:  # answers first: the bookkeeping below need not delay them (~0.1 ms, traced)
             preds = result.predictions[offset:offset + len(job.texts)]
             offset += len(job.texts)
             want, mine = wants[job.seq], applied[job.seq]
@@ -259,6 +253,12 @@ class Batcher:
                 predictions=preds, budget_requested=want, budget_applied=mine,
                 heads_active=result.heads_active, heads_total=result.heads_total, latency_s=result.latency_s,
                 queue_s=started - job.enqueued, degraded=mine < want))
+        longest = max((p.n_tokens for p in result.predictions), default=1)
+        self.latency.observe(budget, len(texts) * longest, wall * 1000)
+        for text, pred in zip(texts, result.predictions, strict=True):
+            if not pred.truncated:
+                self.latency.observe_text(len(text), pred.n_tokens)
+        self._metrics.observe_batch(budget, wall, len(texts))
 
 
 def _deliver(job: Job, outcome: JobResult | BaseException) -> None:

@@ -26,9 +26,7 @@ async def get_runtime(request: Request) -> Runtime:
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
-async def get_caller(request: Request, runtime: RuntimeDep,
-                     _key: Annotated[str | None, Depends(_api_key)] = None,
-                     _token: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)] = None) -> Caller:
+async def authenticate(request: Request, runtime: Runtime) -> Caller:
     """Authenticate (401), note the tier for logs and metrics, and apply the rate limit (429)."""
     key = presented_key(request.headers.get("x-api-key"), request.headers.get("authorization"))
     client = request.client.host if request.client else "unknown"
@@ -37,6 +35,13 @@ async def get_caller(request: Request, runtime: RuntimeDep,
     request.state.key_name = caller.name
     await enforce_rate(runtime.state, runtime.config.state, runtime.metrics, caller)
     return caller
+
+
+async def get_caller(request: Request, runtime: RuntimeDep,
+                     _key: Annotated[str | None, Depends(_api_key)] = None,
+                     _token: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)] = None) -> Caller:
+    """The authenticated, rate-limited caller (the two unused parameters put the schemes in the OpenAPI)."""
+    return await authenticate(request, runtime)
 
 
 CallerDep = Annotated[Caller, Depends(get_caller)]

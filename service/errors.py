@@ -117,13 +117,36 @@ def _is_union_tag(part: object) -> bool:
     return isinstance(part, str) and ("[" in part or part.startswith(("constrained-", "function-")))
 
 
+def known_error_response(request: Request, exc: Exception) -> JSONResponse | None:
+    """The response for an error the API expects (its own, the engine's, a client gone); None for a bug.
+
+    The one mapping both FastAPI's handlers and the /classify fast path use."""
+    if isinstance(exc, ApiError):
+        request.state.error_code = exc.code
+        return error_response(exc)
+    if isinstance(exc, ClientGone):
+        request.state.error_code = "client_closed_request"
+        return JSONResponse(error_body("client_closed_request", "the client went away"), status_code=499)
+    if isinstance(exc, BudgetError):
+        return error_response(BadRequest(str(exc)))
+    if isinstance(exc, InputError):
+        return error_response(InvalidRequest(str(exc)))
+    if isinstance(exc, EngineError):
+        log.error("engine error: %s", exc)
+        return error_response(ApiError("the model failed on this request"))
+    return None
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Map domain, validation and framework errors to JSON error responses."""
 
-    @app.exception_handler(ApiError)
-    async def _api(request: Request, exc: ApiError) -> JSONResponse:
-        request.state.error_code = exc.code
-        return error_response(exc)
+    async def _known(request: Request, exc: Exception) -> JSONResponse:
+        response = known_error_response(request, exc)
+        assert response is not None  # registered only for the classes the mapping knows
+        return response
+
+    for kind in (ApiError, ClientGone, BudgetError, InputError, EngineError):
+        app.add_exception_handler(kind, _known)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -137,19 +160,6 @@ def install_error_handlers(app: FastAPI) -> None:
         code = codes.get(exc.status_code, "http_error")
         return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
-
-    @app.exception_handler(BudgetError)
-    async def _budget(_: Request, exc: BudgetError) -> JSONResponse:
-        return error_response(BadRequest(str(exc)))
-
-    @app.exception_handler(InputError)
-    async def _input(_: Request, exc: InputError) -> JSONResponse:
-        return error_response(InvalidRequest(str(exc)))
-
-    @app.exception_handler(EngineError)
-    async def _engine(_: Request, exc: EngineError) -> JSONResponse:
-        log.error("engine error: %s", exc)
-        return error_response(ApiError("the model failed on this request"))
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

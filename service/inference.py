@@ -80,6 +80,14 @@ async def _wait(request: Request, future: asyncio.Future[JobResult]) -> JobResul
     raise ClientGone()
 
 
+async def answer(runtime: Runtime, caller: Caller, body: ClassifyRequest, query_budget: float | str | None,
+                 query_latency: float | None, request: Request) -> ClassifyResponse:
+    """A validated, authenticated /classify request, start to finish (the route and the fast path)."""
+    supports_auto = runtime.info.supports_auto if runtime.info else False
+    choice = choose_budget(body, query_budget, query_latency, caller, supports_auto)
+    return await classify(runtime, caller, body, choice, request)
+
+
 async def classify(runtime: Runtime, caller: Caller, body: ClassifyRequest, choice: BudgetChoice,
                    request: Request) -> ClassifyResponse:
     """Run one /classify request through the queue and build its answer."""

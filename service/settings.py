@@ -84,6 +84,9 @@ class ServerConfig(_Strict):
     request_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 30.0  # longest wait in queue
     max_body_bytes: Annotated[int, Field(ge=1024)] = 1 << 20
     graceful_timeout_s: Annotated[float, Field(gt=0)] = 30.0  # how long shutdown waits for in-flight work
+    # Serve well-formed POST /classify requests without FastAPI's per-request layers (service/fastpath.py);
+    # false sends every request through FastAPI (the reference the fast path is tested against).
+    fast_path: bool = True
 
 
 class StateConfig(_Strict):

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 
 from headbudget.service.deps import CallerDep, RuntimeDep
-from headbudget.service.inference import choose_budget, classify
+from headbudget.service.inference import answer
 from headbudget.service.routes import error_responses
 from headbudget.service.schemas import BudgetParam, ClassifyRequest, ClassifyResponse, LatencyLimit
 
@@ -23,6 +23,5 @@ async def classify_texts(
     max_latency_ms: Annotated[LatencyLimit | None, Query(description="Latency limit instead of a budget")] = None,
 ) -> ClassifyResponse:
     """Classify one text or up to 64, running only the attention heads the budget buys."""
-    supports_auto = runtime.info.supports_auto if runtime.info else False
-    choice = choose_budget(body, budget, max_latency_ms, caller, supports_auto)
-    return await classify(runtime, caller, body, choice, request)
+    # Served by service/fastpath.py unless the request is one it hands on (an error case) or it is off.
+    return await answer(runtime, caller, body, budget, max_latency_ms, request)

@@ -1,0 +1,104 @@
+"""POST /classify without FastAPI's per-request machinery: the service's hot path.
+
+FastAPI still declares the route (its OpenAPI schema and docs) and still serves every request this layer does
+not take. The fast path takes only a JSON body that validates against ``ClassifyRequest`` with known, valid,
+unrepeated query parameters; anything else is handed on to FastAPI with its body replayed, so every error keeps
+exactly the status, code and message FastAPI's validation gives it. A request it takes runs the same code as the
+route (``authenticate``, ``answer``) and maps errors with the same function (``known_error_response``); only
+the layers between are skipped. Why: py-spy on a batch-1 server put FastAPI's routing, dependency solving and
+response re-validation at about half of the event loop's time per request (docs/results.md, section 3).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import parse_qsl
+
+from pydantic import TypeAdapter, ValidationError
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from headbudget.service.deps import authenticate
+from headbudget.service.errors import known_error_response
+from headbudget.service.inference import answer
+from headbudget.service.runtime import Runtime
+from headbudget.service.schemas import BudgetParam, ClassifyRequest, LatencyLimit
+
+_QUERY: dict[str, TypeAdapter[Any]] = {"budget": TypeAdapter(BudgetParam), "max_latency_ms": TypeAdapter(LatencyLimit)}
+_JSON = b"application/json"
+
+
+class ClassifyFastPath:
+    """ASGI layer in front of FastAPI's router that serves well-formed ``POST /classify`` requests itself."""
+
+    def __init__(self, app: ASGIApp, runtime: Runtime) -> None:
+        self.app = app
+        self.runtime = runtime
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] != "http" or scope["path"] != "/classify" or scope["method"] != "POST"
+                or not self.runtime.config.server.fast_path or not _is_json(scope)):
+            await self.app(scope, receive, send)
+            return
+        messages: list[Message] = []
+        body = b""
+        while True:
+            message = await receive()  # the caller's receive enforces the body limit (413)
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            body += message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        parsed = _parse(scope, body) if messages[-1]["type"] == "http.request" else None
+        if parsed is None:
+            await self.app(scope, _replay(messages, receive), send)
+            return
+        request_body, query = parsed
+        request = Request(scope, receive)
+        try:
+            caller = await authenticate(request, self.runtime)
+            result = await answer(self.runtime, caller, request_body, query.get("budget"),
+                                  query.get("max_latency_ms"), request)
+        except Exception as exc:
+            response = known_error_response(request, exc)
+            if response is None:
+                raise  # a bug: ServerErrorMiddleware answers 500, as it does for the route
+            await response(scope, receive, send)
+            return
+        content = result.model_dump_json(by_alias=True).encode()  # what FastAPI's response_model writes
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", _JSON), (b"content-length", str(len(content)).encode())]})
+        await send({"type": "http.response.body", "body": content})
+
+
+def _is_json(scope: Scope) -> bool:
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            media: bytes = value.split(b";", 1)[0].strip().lower()
+            return media == _JSON
+    return False  # FastAPI reads a body without a content type as JSON; that rare case goes through it
+
+
+def _parse(scope: Scope, body: bytes) -> tuple[ClassifyRequest, dict[str, Any]] | None:
+    """The validated body and query parameters, or None for anything FastAPI should answer (errors)."""
+    pairs = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+    if len({k for k, _ in pairs}) != len(pairs) or any(k not in _QUERY for k, _ in pairs):
+        return None
+    try:
+        query = {k: _QUERY[k].validate_python(v) for k, v in pairs}
+        # The same two steps as FastAPI (json.loads, then python-mode validation), so the same inputs pass.
+        return ClassifyRequest.model_validate(json.loads(body)), query
+    except (ValueError, ValidationError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return None
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    """A receive that yields the messages already read, then the client's own."""
+    pending = list(messages)
+
+    async def replayed() -> Message:
+        return pending.pop(0) if pending else await receive()
+
+    return replayed
