@@ -50,15 +50,18 @@ class Caller:
 
 
 def presented_key(x_api_key: str | None, authorization: str | None) -> str | None:
-    """The key from ``X-API-Key`` or ``Authorization: Bearer``; None when neither is given."""
-    if x_api_key:
-        return x_api_key.strip()
+    """The key from ``X-API-Key`` or ``Authorization: Bearer``; None when neither is given; 401 when both are
+    given and name different keys (two credentials that disagree are refused, never resolved silently)."""
+    bearer = None
     if authorization:
         scheme, _, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise Unauthorized("the Authorization header must be 'Bearer <key>'")
-        return token.strip()
-    return None
+        bearer = token.strip()
+    key = x_api_key.strip() if x_api_key else None
+    if key and bearer and not secrets.compare_digest(key.encode(), bearer.encode()):
+        raise Unauthorized("X-API-Key and Authorization: Bearer carry different keys; send one key")
+    return key or bearer
 
 
 def identify(config: ServiceConfig, extra_hashes: dict[str, str], key: str | None, client: str) -> Caller:

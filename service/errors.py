@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from headbudget.engine.errors import BudgetError, EngineError, InputError
 
 log = logging.getLogger("headbudget.service")
+_FASTAPI_PARSE_ERROR = "There was an error parsing the body"  # fastapi/routing.py, for non-JSONDecodeErrors
 
 
 class ApiError(Exception):
@@ -155,7 +156,13 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error_body(code, message), status_code=status)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and exc.detail == _FASTAPI_PARSE_ERROR:
+            # FastAPI's answer to a body json.loads cannot take but that is not a JSONDecodeError: nesting past
+            # Python's recursion limit, an integer over 4,300 digits, bytes that are not UTF-8.
+            request.state.error_code = "malformed_json"
+            return JSONResponse(error_body("malformed_json", "the request body is not valid JSON (malformed, "
+                                           "not UTF-8, nested too deeply or a number too long)"), status_code=400)
         codes = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
         code = codes.get(exc.status_code, "http_error")
         return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code,

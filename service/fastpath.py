@@ -11,7 +11,6 @@ response re-validation at about half of the event loop's time per request (docs/
 
 from __future__ import annotations
 
-import json
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -88,9 +87,11 @@ def _parse(scope: Scope, body: bytes) -> tuple[ClassifyRequest, dict[str, Any]] 
         return None
     try:
         query = {k: _QUERY[k].validate_python(v) for k, v in pairs}
-        # The same two steps as FastAPI (json.loads, then python-mode validation), so the same inputs pass.
-        return ClassifyRequest.model_validate(json.loads(body)), query
-    except (ValueError, ValidationError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        # pydantic-core parses and validates the bytes in one pass (no intermediate dicts; its parser caps
+        # nesting, so a 50,000-deep body is a plain failure here, not a RecursionError). Whatever it refuses
+        # goes to FastAPI, whose json.loads + validation then decide the exact error, as with the path off.
+        return ClassifyRequest.model_validate_json(body), query
+    except (ValueError, ValidationError, RecursionError):
         return None
 
 

@@ -17,6 +17,7 @@ from headbudget.service.state import (
     AnswerRecord,
     RateDecision,
     StateUnavailable,
+    answer_key,
 )
 
 PREFIX = "headbudget:"
@@ -74,19 +75,21 @@ class RedisState:
     async def remember(self, request_id: str, record: AnswerRecord) -> None:
         ttl_ms = int(self._config.feedback_ttl_s * 1000)
         try:
-            await self._redis.set(f"{PREFIX}answer:{request_id}", json.dumps(record.to_dict()), px=ttl_ms)
+            key = answer_key(record.owner, request_id)
+            await self._redis.set(f"{PREFIX}answer:{key}", json.dumps(record.to_dict()), px=ttl_ms)
         except (RedisError, OSError) as e:
             raise StateUnavailable(f"redis: {e}") from None
 
     async def claim(self, request_id: str, owner: str, index: int) -> AnswerRecord:
         try:
-            raw = await self._redis.get(f"{PREFIX}answer:{request_id}")
+            key = answer_key(owner, request_id)
+            raw = await self._redis.get(f"{PREFIX}answer:{key}")
             if raw is None:
                 raise AnswerNotFound(request_id)
             record = AnswerRecord.from_dict(json.loads(raw))
             if record.owner != owner or index >= len(record.labels):
                 raise AnswerNotFound(request_id)
-            first = await self._redis.set(f"{PREFIX}feedback:{request_id}:{index}", "1", nx=True,
+            first = await self._redis.set(f"{PREFIX}feedback:{key}:{index}", "1", nx=True,
                                           px=int(self._config.feedback_ttl_s * 1000))
         except (RedisError, OSError) as e:
             raise StateUnavailable(f"redis: {e}") from None

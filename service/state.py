@@ -72,11 +72,11 @@ class StateStore(Protocol):
         ...
 
     async def remember(self, request_id: str, record: AnswerRecord) -> None:
-        """Keep an answer for feedback (bounded in time and size)."""
+        """Keep an answer for feedback under ``answer_key(record.owner, request_id)`` (bounded in time and size)."""
         ...
 
     async def claim(self, request_id: str, owner: str, index: int) -> AnswerRecord:
-        """The answer for feedback on text ``index``, at most once; AnswerNotFound / AlreadyReported."""
+        """``owner``'s answer for feedback on text ``index``, at most once; AnswerNotFound / AlreadyReported."""
         ...
 
     async def record_outcome(self, budget_label: str, correct: bool) -> float:
@@ -90,6 +90,12 @@ class StateStore(Protocol):
     async def close(self) -> None:
         """Release connections."""
         ...
+
+
+def answer_key(owner: str, request_id: str) -> str:
+    """Where an answer is kept: scoped to the key that got it, so that a request id chosen by one tenant can
+    never name, overwrite or consume another tenant's answer (ids are client-chosen and guessable)."""
+    return f"{owner}/{request_id}"
 
 
 def gcra(tat: float | None, now: float, per_minute: float, burst: int) -> tuple[bool, float, float]:
@@ -112,7 +118,7 @@ class MemoryState:
         self._config = config
         self._clock = clock
         self._tats: dict[str, float] = {}
-        # request id -> (expiry, answer, indices already reported), oldest first
+        # answer_key(owner, request id) -> (expiry, answer, indices already reported), oldest first
         self._answers: OrderedDict[str, tuple[float, AnswerRecord, set[int]]] = OrderedDict()
         self._windows: dict[str, deque[bool]] = {}
 
@@ -126,14 +132,16 @@ class MemoryState:
 
     async def remember(self, request_id: str, record: AnswerRecord) -> None:
         self._expire()
-        self._answers[request_id] = (self._clock() + self._config.feedback_ttl_s, record, set())
+        key = answer_key(record.owner, request_id)
+        self._answers.pop(key, None)  # a re-used id starts a fresh entry at the young end of the queue
+        self._answers[key] = (self._clock() + self._config.feedback_ttl_s, record, set())
         while len(self._answers) > self._config.feedback_max_entries:
             self._answers.popitem(last=False)
 
     async def claim(self, request_id: str, owner: str, index: int) -> AnswerRecord:
         self._expire()
-        entry = self._answers.get(request_id)
-        if entry is None or entry[1].owner != owner or index >= len(entry[1].labels):
+        entry = self._answers.get(answer_key(owner, request_id))
+        if entry is None or index >= len(entry[1].labels):
             raise AnswerNotFound(request_id)
         if index in entry[2]:
             raise AlreadyReported(request_id)

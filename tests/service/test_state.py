@@ -72,6 +72,19 @@ async def test_feedback_claim_once_and_owner_only(store: StateStore) -> None:
             await store.claim(rid, owner, index)
 
 
+async def test_one_request_id_names_one_answer_per_owner(store: StateStore) -> None:
+    """A second tenant re-using a (guessable, client-chosen) id neither overwrites nor consumes the first's."""
+    await store.remember("id", AnswerRecord(owner="first", tier="cheap", labels=["a", "b"], budgets=[0.25, 0.25]))
+    await store.remember("id", AnswerRecord(owner="second", tier="quality", labels=["c"], budgets=[1.0]))
+    assert (await store.claim("id", "second", 0)).labels == ["c"]
+    with pytest.raises(AnswerNotFound):
+        await store.claim("id", "second", 1)  # the first tenant's second text is not the second tenant's
+    assert (await store.claim("id", "first", 0)).labels == ["a", "b"]
+    assert (await store.claim("id", "first", 1)).tier == "cheap"
+    with pytest.raises(AlreadyReported):
+        await store.claim("id", "second", 0)
+
+
 async def test_online_accuracy_is_a_rolling_window(store: StateStore) -> None:
     got = [await store.record_outcome("0.5", c) for c in (True, False, True, True, True)]
     assert got == pytest.approx([1.0, 0.5, 2 / 3, 2 / 3, 1.0])  # window of 3
