@@ -18,7 +18,7 @@ from headbudget.service.errors import install_error_handlers
 from headbudget.service.fastpath import ClassifyFastPath
 from headbudget.service.metrics import mark_worker_dead
 from headbudget.service.middleware import RequestContextMiddleware
-from headbudget.service.routes import classify, feedback, health, models
+from headbudget.service.routes import classify, feedback, health, models, tei
 from headbudget.service.runtime import Runtime
 from headbudget.service.settings import ServeSettings, ServiceConfig, load_config
 from headbudget.service.state import StateStore
@@ -59,7 +59,7 @@ def create_app(config: ServiceConfig, engine_factory: Callable[[], Engine], *, c
     app.state.runtime = runtime
     install_error_handlers(app)
 
-    for router in (classify.router, feedback.router, models.router, health.router):
+    for router in (classify.router, feedback.router, models.router, health.router, tei.router):
         app.include_router(router)
     app.add_middleware(ClassifyFastPath, runtime=runtime)  # inside the request context: ids, 413, logs, metrics
     app.add_middleware(RequestContextMiddleware, metrics=runtime.metrics,
