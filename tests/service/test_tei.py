@@ -4,17 +4,30 @@ from the tier, a header or the query, and TEI-shaped errors with TEI's status co
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.service.conftest import KEYS, Server, config_dict, engine_factory_available, start_server, toml_of
+from headbudget.engine.errors import EngineError
+from headbudget.engine.types import BatchResult
+from headbudget.service.settings import ServerConfig, parse_config
+from tests.service.conftest import (
+    KEYS,
+    Server,
+    config_dict,
+    engine_factory_available,
+    running_app,
+    start_server,
+    toml_of,
+)
+from tests.service.fakes import FakeEngine
 from tests.service.test_api import sample
 
 pytestmark = pytest.mark.slow
@@ -263,3 +276,48 @@ def test_metrics_and_feedback_see_tei_requests(server: Server) -> None:
     assert other.status_code == 404  # another key cannot see this answer
     after = httpx.get(f"{server.url}/metrics", timeout=10).text
     assert sample(after, "headbudget_requests_total", tier="quality", status="200") == n + 2
+
+
+# -- in process, over the fake engine: the statuses a real tiny model cannot be made to produce on demand --------
+class FailingEngine(FakeEngine):
+    """A fake engine whose forward pass fails on one text (an EngineError, as a backend raises)."""
+
+    def predict(self, texts: Sequence[str], budget: float) -> BatchResult:
+        if "explode" in texts:
+            raise EngineError("the backend failed")
+        return super().predict(texts, budget)
+
+
+@pytest.mark.anyio
+async def test_overload_and_failures_in_tei_shape() -> None:
+    """Over the rate and a full queue: 429 `Overloaded` with Retry-After (TEI's status for an overloaded model,
+    where /classify answers a full queue with 503); an engine failure: 424 `Backend`; draining: 503
+    `Unhealthy` from /health and /predict."""
+    # no inline runs (an idle server runs a lone request on the event loop's thread): the held batch must sit
+    # on the engine thread for the queue to fill behind it
+    d = config_dict(queue_size=64, **({"inline_max_ms": 0} if "inline_max_ms" in ServerConfig.model_fields else {}))
+    d["tiers"]["cheap"].update(rate_limit=60, burst=2)
+    d["tiers"]["quality"]["max_queue"] = 1
+    engine = FailingEngine()
+    async with running_app(parse_config(d), engine=engine) as (client, app, _):
+        limited = [await client.post("/predict", json={"inputs": "x"}, headers=key("cheap")) for _ in range(3)]
+        assert [r.status_code for r in limited[:2]] == [200, 200]
+        tei_error(limited[2], 429, "Overloaded")
+        assert int(limited[2].headers["retry-after"]) >= 1
+
+        engine.gate.clear()  # hold one batch in flight, fill the quality tier's queue of one, then one more
+        held = asyncio.create_task(client.post("/predict", json={"inputs": "held"}, headers=key("quality")))
+        await asyncio.sleep(0.1)
+        queued = asyncio.create_task(client.post("/predict", json={"inputs": "queued"}, headers=key("quality")))
+        await asyncio.sleep(0.1)
+        refused = await client.post("/predict", json={"inputs": "refused"}, headers=key("quality"))
+        engine.gate.set()
+        assert [(await t).status_code for t in (held, queued)] == [200, 200]
+        tei_error(refused, 429, "Overloaded")
+        assert int(refused.headers["retry-after"]) >= 1
+
+        tei_error(await client.post("/", json={"inputs": [["fine"], ["explode"]]}, headers=key()), 424, "Backend")
+        assert (await client.get("/health")).status_code == 200
+        app.state.runtime.draining = True
+        assert tei_error(await client.get("/health"), 503, "Unhealthy") == "unhealthy"
+        app.state.runtime.draining = False
