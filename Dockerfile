@@ -26,13 +26,15 @@ ENV PATH=/opt/venv/bin:$PATH
 # the multi-GB CUDA build.
 RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 
-# Dependencies in their own layer (read from pyproject.toml), so code changes do not reinstall them.
+# Dependencies in their own layer (read from pyproject.toml), so code changes do not reinstall them: the base
+# (client) dependencies and the `serve` and `torch` extras, which are what `headbudget serve` imports for every
+# checkpoint type (torch: `--backend torch` and the adaptive types). Training, plots and tests stay out.
 COPY pyproject.toml /src/pyproject.toml
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('/src/pyproject.toml', 'rb'))['project']['dependencies']))" \
+RUN python -c "import tomllib; p = tomllib.load(open('/src/pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['serve'] + p['optional-dependencies']['torch']))" \
         > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt
 
-COPY README.md /src/README.md
+COPY README.md LICENSE /src/
 COPY headbudget /src/headbudget
 COPY models /src/models
 COPY engine /src/engine

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from headbudget.commands.common import USER_ERRORS, CliError
+from headbudget.extras import missing_extra
 
 # Each module exposes ``register(subparsers)``; handlers import heavy libraries lazily so --help is fast.
 COMMANDS = ("train", "evaluate", "predict", "bench", "serve", "keys", "importance", "compare", "compare_adaptive")
@@ -53,6 +54,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"headbudget {args.command}: interrupted", file=sys.stderr)
         return 130
+    except ModuleNotFoundError as e:
+        message = missing_extra(args.command, e)  # an extra that is not installed: say which, in one line
+        if message is None:
+            raise
+        print(f"headbudget {args.command}: error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
