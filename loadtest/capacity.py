@@ -26,7 +26,16 @@ from typing import Any
 import httpx
 import psutil
 
-from headbudget.loadtest.service_bench import CONFIG, Server, _cpu, closed_loop, free_port, load_texts
+from headbudget.engine.bench import cpu_name
+from headbudget.loadtest.service_bench import (
+    CONFIG,
+    Server,
+    closed_loop,
+    cpu_per_request,
+    free_port,
+    load_texts,
+    server_cpu_s,
+)
 
 SOAK_CONFIG = CONFIG.replace("queue_size = 4096", "queue_size = {queue}").replace("max_queue = 4096",
                                                                                   "max_queue = {queue}")
@@ -41,7 +50,10 @@ def capacity(model: Path, texts: list[str], workers: int, budgets: list[float], 
             asyncio.run(closed_loop(srv.url, texts[:50], b, 4, 2.0))
             runs = []
             for users in levels:
+                before = server_cpu_s(srv)
                 r = asyncio.run(closed_loop(srv.url, texts, b, users, seconds))
+                if r["codes"].get("200"):
+                    r.update(cpu_per_request(before, server_cpu_s(srv), r["codes"]["200"]))
                 runs.append(r)
                 if r["p99_ms"] is None or r["p99_ms"] > target_ms:
                     break
@@ -49,6 +61,8 @@ def capacity(model: Path, texts: list[str], workers: int, budgets: list[float], 
         best = max(good, key=lambda r: r["rps"]) if good else None
         out.append({"budget": b, "sustained_rps": best["rps"] if best else 0.0,
                     "at_users": best["users"] if best else None, "p99_ms": best["p99_ms"] if best else None,
+                    **{k: best.get(k) if best else None for k in ("cpu_ms_per_request", "engine_cpu_ms_per_request",
+                                                                  "other_cpu_ms_per_request")},
                     "levels": runs})
     return out
 
@@ -80,7 +94,7 @@ def soak(model: Path, texts: list[str], workers: int, users: int, seconds: float
     that store is full. A warm-up long enough to fill it shows the steady state.
     """
     samples: list[dict[str, Any]] = []
-    cfg = CONFIG.format(batch=32, wait=3.0, budget=0.5)
+    cfg = CONFIG.format(batch=32, wait=3.0, budget=0.5, inline=25.0)
     if feedback_max_entries:
         cfg += f"\n[state]\nfeedback_max_entries = {feedback_max_entries}\n"
     with Server(model, workers, config_text=cfg) as srv:
@@ -159,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--feedback-max-entries", type=int, default=None, help="service [state] setting for the soak")
     p.add_argument("--only-soak", action="store_true",
                    help="run only the soak and add it to an existing --out file as soak_<entries>")
+    p.add_argument("--capacity-only", action="store_true",
+                   help="run only the capacity sweep (with CPU per request) and merge it into an existing --out file")
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
     if not (a.model / "config.json").is_file() or not (a.data / "test.csv").is_file():
@@ -173,12 +189,21 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({k: v for k, v in r.items() if k != "samples"}), flush=True)
         a.out.write_text(json.dumps(res, indent=2) + "\n")
         return 0
-    res = {"model": str(a.model), "cpu": _cpu(), "date": time.strftime("%Y-%m-%d"),
+    res = {"model": str(a.model), "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"),
                            "workers": a.workers, "target_p99_ms": a.target_p99_ms}
     res["capacity"] = capacity(a.model, texts, a.workers, [float(b) for b in a.budgets.split(",")],
                                a.target_p99_ms, a.step_seconds, [int(x) for x in a.levels.split(",")])
-    print(json.dumps([{k: c[k] for k in ("budget", "sustained_rps", "at_users", "p99_ms")} for c in res["capacity"]]),
-          flush=True)
+    # What an operator pays for: the workers' CPU per answered request at the sustained level, by budget.
+    res["cpu_per_request"] = [{"budget": c["budget"], "cpu_ms_per_request": c["cpu_ms_per_request"],
+                               "engine_cpu_ms_per_request": c["engine_cpu_ms_per_request"],
+                               "other_cpu_ms_per_request": c["other_cpu_ms_per_request"], "rps": c["sustained_rps"],
+                               "p99_ms": c["p99_ms"], "at_users": c["at_users"]} for c in res["capacity"]]
+    print(json.dumps(res["cpu_per_request"]), flush=True)
+    if a.capacity_only:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        old = json.loads(a.out.read_text()) if a.out.is_file() else {}
+        a.out.write_text(json.dumps({**old, **res}, indent=2) + "\n")
+        return 0
     res["rate_limit"] = rate_limit_across_workers(a.model, texts, a.workers, 600.0, 20, 15.0)
     print(json.dumps(res["rate_limit"]), flush=True)
     res["overload"] = overload(a.model, texts, a.workers, 96, 10.0)

@@ -35,6 +35,7 @@ max_batch_size = {batch}
 max_wait_ms = {wait}
 queue_size = 4096
 request_timeout_s = 30
+inline_max_ms = {inline}
 
 [development]
 anonymous_tier = "bench"
@@ -66,11 +67,11 @@ class Server:
     """`headbudget serve` in a subprocess on a free loopback port, stopped on exit."""
 
     def __init__(self, model: Path, workers: int, batch: int = 32, wait_ms: float = 3.0, budget: float = 0.5,
-                 config_text: str | None = None) -> None:
+                 config_text: str | None = None, inline_ms: float = 25.0) -> None:
         self.port = free_port()
         self.dir = tempfile.TemporaryDirectory()
         cfg = Path(self.dir.name) / "bench.toml"
-        cfg.write_text(config_text or CONFIG.format(batch=batch, wait=wait_ms, budget=budget))
+        cfg.write_text(config_text or CONFIG.format(batch=batch, wait=wait_ms, budget=budget, inline=inline_ms))
         cmd = [sys.executable, "-m", "headbudget.cli", "serve", "--model", str(model), "--config", str(cfg),
                "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(workers), "--log-level", "warning"]
         # The access log goes to a file: an unread pipe fills after ~64 KB and then blocks the server.
@@ -100,6 +101,32 @@ class Server:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.log.close()
         self.dir.cleanup()
+
+
+def server_cpu_s(srv: Server) -> tuple[float, float]:
+    """(CPU seconds of the server's processes (supervisor and workers), CPU seconds of its forward passes) so
+    far: the workers' own counters, which do not depend on the load generator sharing the cores."""
+    import psutil
+
+    root = psutil.Process(srv.proc.pid)
+    total = 0.0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    text = httpx.get(f"{srv.url}/metrics", timeout=10).text
+    engine = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                 if line.startswith("headbudget_engine_cpu_seconds_total{"))
+    return total, engine
+
+
+def cpu_per_request(before: tuple[float, float], after: tuple[float, float], answered: int) -> dict[str, float]:
+    """Server CPU per answered request, split into forward passes and everything else (ms)."""
+    total, engine = (after[0] - before[0]) * 1e3 / answered, (after[1] - before[1]) * 1e3 / answered
+    return {"cpu_ms_per_request": total, "engine_cpu_ms_per_request": engine,
+            "other_cpu_ms_per_request": total - engine}
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -136,6 +163,7 @@ def overhead(model: Path, texts: list[str], budget: float, wait_ms: float) -> di
             # engine call per text, as the server makes one; blocks, not text by text, because two copies of
             # the model taking turns evict each other's weights from the shared cache, which made the
             # server's forward pass ~0.5 ms slower than in steady state (traced on this CPU).
+            cpu_before = server_cpu_s(srv)
             for start in range(0, len(texts), BLOCK):
                 block = texts[start:start + BLOCK]
                 engine_ms += [engine_ms_for(t) for t in block]
@@ -145,6 +173,7 @@ def overhead(model: Path, texts: list[str], budget: float, wait_ms: float) -> di
                     rtt.append((time.perf_counter() - t0) * 1e3)
                     forward_ms.append(float(answer["results"][0]["latency_ms"]))
                     handler_ms.append(float(answer["latency_ms"]))
+            cpu = cpu_per_request(cpu_before, server_cpu_s(srv), len(texts))
             for _ in texts:  # the floor: the same connection, a route that does nothing
                 t0 = time.perf_counter()
                 conn.request("GET", "/healthz")
@@ -165,6 +194,11 @@ def overhead(model: Path, texts: list[str], budget: float, wait_ms: float) -> di
         "server_handler_median_ms": statistics.median(handler_ms),
         "server_forward_median_ms": statistics.median(forward_ms),
         "healthz_rtt_median_ms": statistics.median(floor),
+        # The server's CPU over the timed requests, from its own counters: the part outside the forward passes
+        # is what serving costs besides the model (the issue-14 figure).
+        "server_cpu_ms_per_request": cpu["cpu_ms_per_request"],
+        "server_engine_cpu_ms_per_request": cpu["engine_cpu_ms_per_request"],
+        "server_other_cpu_ms_per_request": cpu["other_cpu_ms_per_request"],
     }
 
 

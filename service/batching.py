@@ -1,9 +1,10 @@
 """The queue in front of the model: admission, tier priority, degrade-by-compute and micro-batching.
 
-The event loop only enqueues and awaits; one dedicated thread owns the engine (it loads, warms up, runs and
-closes it), takes the highest-priority waiting request, waits up to ``max_wait_ms`` for others that share
-its head mask (not at all for a request that arrived alone: batching must not tax an idle server), and runs
-them as one batch. Budgets are chosen at dispatch (see ``planner.py``).
+One dedicated thread owns the engine (it loads, warms up, runs and closes it), takes the highest-priority
+waiting request, waits up to ``max_wait_ms`` for others that share its head mask (not at all for a request
+that arrived alone: batching must not tax an idle server), and runs them as one batch. The one exception is an
+idle server: a lone, short request (``inline_max_ms``) runs on the event loop's own thread, skipping two thread
+hand-offs, while the engine thread has nothing to do. Budgets are chosen at dispatch (see ``planner.py``).
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class Batcher:
         self._pending: list[Job] = []
         self._stopping = False
         self._running_until = 0.0  # monotonic estimate of when the running batch ends
+        self._busy = False  # a batch is running (on the engine thread or inline); under _cond
         self._last_arrival = 0.0
         self._thread = threading.Thread(target=self._run, name="headbudget-engine", daemon=True)
         self._started = threading.Event()
@@ -135,10 +137,36 @@ class Batcher:
                         f"{tier.latency_target_ms:g} ms now", retry_after_s=wait_s)
             job.alone = job.enqueued - self._last_arrival > self.server.max_wait_ms / 1000.0
             self._last_arrival = job.enqueued
-            self._pending.append(job)
-            self._metrics.queue_depth.set(len(self._pending))
-            self._cond.notify_all()
+            inline = (job.alone and not self._pending and not self._busy and self.server.inline_max_ms > 0
+                      and self.planner.cost_s(job, job.budget or tier.default_cap) * 1000 <= self.server.inline_max_ms)
+            if inline:
+                self._busy = True
+            else:
+                self._pending.append(job)
+                self._metrics.queue_depth.set(len(self._pending))
+                self._cond.notify_all()
+        if inline:
+            self._run_inline(job)
         return job
+
+    def _run_inline(self, job: Job) -> None:
+        """Run a lone request now, on the event loop's thread (the engine thread is idle: ``_busy`` keeps it so)."""
+        assert self.planner is not None
+        done = None
+        try:
+            self._count_tokens([job])
+            _, applied, wants = self.planner.plan([job], time.monotonic(), self.server.max_batch_size)
+            budget = applied[job.seq]
+            self._running_until = time.monotonic() + self.planner.cost_s(job, budget)
+            done = self._run_batch([job], budget, applied, wants)
+        except Exception as e:  # noqa: BLE001 - as on the engine thread: this request fails, not the server
+            _deliver(job, e)
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+        if done is not None:  # the bookkeeping waits until the answer is on its way
+            job.loop.call_soon(done)
 
     def cancel(self, job: Job) -> None:
         """Drop a job whose client went away (a running batch still finishes; its answer is discarded)."""
@@ -200,14 +228,21 @@ class Batcher:
         batch, applied, wants = self.planner.plan(snapshot, time.monotonic(), self.server.max_batch_size)
         budget = applied[batch[0].seq]
         with self._cond:
+            while self._busy:  # an inline request is running on the event loop's thread
+                self._cond.wait()
             batch = [j for j in batch if not j.cancelled and j in self._pending]
             for j in batch:
                 self._pending.remove(j)
             self._metrics.queue_depth.set(len(self._pending))
             if batch:
+                self._busy = True
                 self._running_until = time.monotonic() + sum(self.planner.cost_s(j, budget) for j in batch)
-        if batch:
-            self._run_batch(batch, budget, applied, wants)
+        try:
+            if batch and (done := self._run_batch(batch, budget, applied, wants)) is not None:
+                done()
+        finally:
+            with self._cond:
+                self._busy = False
         return True
 
     def _expire_locked(self) -> None:
@@ -228,22 +263,23 @@ class Batcher:
                 job.cost_cache.clear()
 
     def _run_batch(self, batch: list[Job], budget: float, applied: dict[int, float],
-                   wants: dict[int, float]) -> None:
+                   wants: dict[int, float]) -> Callable[[], None] | None:
+        """Run and answer a batch; returns its bookkeeping (latency model, metrics) to call after the answers."""
         assert self.engine is not None and self.latency is not None
         texts = [t for j in batch for t in j.texts]
-        started = time.monotonic()
+        started, cpu_started = time.monotonic(), time.thread_time()
         try:
             result = self.engine.predict(texts, budget)
         except EngineError as e:
             for job in batch:
                 _deliver(job, e)
-            return
+            return None
         except Exception as e:  # noqa: BLE001 - a bug must fail these requests, not the thread
             log.exception("engine failed on a batch")
             for job in batch:
                 _deliver(job, e)
-            return
-        wall = time.monotonic() - started
+            return None
+        wall, cpu = time.monotonic() - started, time.thread_time() - cpu_started
         offset = 0
         for job in batch:  # answers first: the bookkeeping below need not delay them (~0.1 ms, traced)
             preds = result.predictions[offset:offset + len(job.texts)]
@@ -253,12 +289,17 @@ class Batcher:
                 predictions=preds, budget_requested=want, budget_applied=mine,
                 heads_active=result.heads_active, heads_total=result.heads_total, latency_s=result.latency_s,
                 queue_s=started - job.enqueued, degraded=mine < want))
-        longest = max((p.n_tokens for p in result.predictions), default=1)
-        self.latency.observe(budget, len(texts) * longest, wall * 1000)
-        for text, pred in zip(texts, result.predictions, strict=True):
-            if not pred.truncated:
-                self.latency.observe_text(len(text), pred.n_tokens)
-        self._metrics.observe_batch(budget, wall, len(texts))
+        latency, metrics = self.latency, self._metrics
+
+        def bookkeeping() -> None:
+            longest = max((p.n_tokens for p in result.predictions), default=1)
+            latency.observe(budget, len(texts) * longest, wall * 1000)
+            for text, pred in zip(texts, result.predictions, strict=True):
+                if not pred.truncated:
+                    latency.observe_text(len(text), pred.n_tokens)
+            metrics.observe_batch(budget, wall, len(texts), cpu)
+
+        return bookkeeping
 
 
 def _deliver(job: Job, outcome: JobResult | BaseException) -> None:
@@ -272,6 +313,12 @@ def _deliver(job: Job, outcome: JobResult | BaseException) -> None:
         else:
             job.future.set_result(outcome)
 
+    try:
+        if asyncio.get_running_loop() is job.loop:  # an inline run, on the loop's own thread
+            _set()
+            return
+    except RuntimeError:  # the engine thread: no running loop there
+        pass
     try:
         job.loop.call_soon_threadsafe(_set)
     except RuntimeError:  # the loop is closed: nobody is waiting any more

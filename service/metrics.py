@@ -50,6 +50,10 @@ class Metrics:
         self.inference_duration = Histogram(
             "headbudget_inference_duration_seconds", "Wall time of one batched forward pass, by budget bucket.",
             ["budget"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.engine_cpu = Counter(
+            "headbudget_engine_cpu_seconds_total", "CPU time of the forward passes (tokenizing, running and "
+            "answering a batch, on the thread that ran it), by budget bucket: a process's CPU minus this is "
+            "what serving costs besides the model.", ["budget"], registry=r)
         self.batch_size = Histogram("headbudget_batch_size", "Texts per forward pass.", buckets=BATCH_BUCKETS,
                                     registry=r)
         self.queue_depth = Gauge("headbudget_queue_depth", "Requests waiting for the model.", registry=r,
@@ -90,9 +94,11 @@ class Metrics:
         self.requests.labels(tier=tier, status=str(status)).inc()
         self.request_duration.labels(tier=tier).observe(seconds)
 
-    def observe_batch(self, budget: float, seconds: float, size: int) -> None:
-        """One forward pass."""
-        self.inference_duration.labels(budget=self.budget_label(budget)).observe(seconds)
+    def observe_batch(self, budget: float, seconds: float, size: int, cpu_s: float) -> None:
+        """One forward pass: its wall time, its size and the CPU time it took."""
+        label = self.budget_label(budget)
+        self.inference_duration.labels(budget=label).observe(seconds)
+        self.engine_cpu.labels(budget=label).inc(cpu_s)
         self.batch_size.observe(size)
 
     def observe_answer(self, tier: str, costs: Iterable[tuple[float, int, int]], degraded: bool) -> None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -15,7 +16,7 @@ from headbudget.engine.types import BatchResult, Cost, ModelInfo, Prediction
 
 
 class FakeEngine:
-    """Follows the Engine protocol; asserts it is only ever called from one thread."""
+    """Follows the Engine protocol; asserts it is never called from two threads at once."""
 
     def __init__(self, *, labels: Sequence[str] = ("negative", "positive"), n_layers: int = 2, n_heads: int = 4,
                  max_length: int = 32, delay_s: float = 0.0, per_token_s: float = 0.0,
@@ -31,13 +32,27 @@ class FakeEngine:
         self.closed = False
         self.gate = threading.Event()  # cleared: predict blocks until set (to hold a batch in flight)
         self.gate.set()
-        self._thread: int | None = None
+        self._thread: int | None = None  # the thread inside a call now
+        self._lock = threading.Lock()
+        self._depth = 0
+        self.threads: set[int] = set()  # every thread that ever called
 
-    def _check_thread(self) -> None:
+    @contextlib.contextmanager
+    def _one_thread(self) -> Iterator[None]:
+        """The Engine contract: never called from two threads at once (the batcher's engine thread, or the
+        event loop's thread for an inline run while the engine thread is idle)."""
         me = threading.get_ident()
-        if self._thread is None:
-            self._thread = me
-        assert self._thread == me, "the engine was called from two threads"
+        with self._lock:
+            assert self._thread in (None, me), "the engine was called from two threads at once"
+            self._thread, self._depth = me, self._depth + 1
+            self.threads.add(me)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._depth -= 1
+                if self._depth == 0:
+                    self._thread = None
 
     def mask_key(self, budget: float) -> int:
         total = self.info.n_layers * self.info.n_heads
@@ -47,7 +62,10 @@ class FakeEngine:
         return self.mask_key(budget)
 
     def count_tokens(self, texts: Sequence[str]) -> list[tuple[int, bool]]:
-        self._check_thread()
+        with self._one_thread():
+            return self._count_tokens(texts)
+
+    def _count_tokens(self, texts: Sequence[str]) -> list[tuple[int, bool]]:
         out = []
         for t in texts:
             n = len(t.split()) + 2
@@ -55,7 +73,10 @@ class FakeEngine:
         return out
 
     def predict(self, texts: Sequence[str], budget: float) -> BatchResult:
-        self._check_thread()
+        with self._one_thread():
+            return self._predict(texts, budget)
+
+    def _predict(self, texts: Sequence[str], budget: float) -> BatchResult:
         if not texts or any(not t.strip() for t in texts):
             raise InputError("empty text")
         self.gate.wait(30)

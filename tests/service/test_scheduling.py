@@ -22,17 +22,32 @@ pytestmark = pytest.mark.anyio
 BENCH = {"seq_len": 10, "batch_size": 1, "rows": [{"budget": 0.1, "latency_ms": 0.1}, {"budget": 1.0, "latency_ms": 1.0}]}
 
 
-async def test_engine_never_runs_on_the_event_loop_thread() -> None:
+async def test_engine_never_runs_on_the_event_loop_thread_when_inline_is_off() -> None:
     engine = FakeEngine()
-    async with running_app(engine=engine) as (client, _, _):
+    async with running_app(make_config(inline_max_ms=0), engine=engine) as (client, _, _):
         await client.post("/classify", json={"text": "x"}, headers=headers())
-    assert engine._thread is not None and engine._thread != threading.get_ident()
+    assert engine.threads and threading.get_ident() not in engine.threads
+
+
+async def test_only_a_short_lone_request_on_an_idle_server_runs_on_the_event_loop_thread() -> None:
+    engine = FakeEngine(per_token_s=0.0005, bench=BENCH, max_length=512)  # the table: 1 ms per 10 tokens at 1.0
+    async with running_app(make_config(inline_max_ms=5), engine=engine) as (client, _, _):
+        r = await client.post("/classify?budget=1.0", json={"text": "short"}, headers=headers())  # ~0.7 ms
+        assert r.status_code == 200 and engine.threads == {threading.get_ident()}
+        long_text = " ".join(["w"] * 100)  # ~10 ms estimated: over inline_max_ms, so the engine thread runs it
+        r = await client.post("/classify?budget=1.0", json={"text": long_text}, headers=headers())
+        assert r.status_code == 200 and len(engine.threads) == 2
+        # Concurrent arrivals are batched on the engine thread as before, never run inline one by one.
+        rs = await asyncio.gather(*[client.post("/classify?budget=1.0", json={"text": f"t{i}"}, headers=headers())
+                                    for i in range(4)])
+        assert [x.status_code for x in rs] == [200] * 4
+    assert len(engine.calls) - 2 < 4  # the four were answered in fewer forward passes than requests
 
 
 async def test_quality_tier_is_served_first_under_contention() -> None:
     engine = FakeEngine()
     engine.gate.clear()
-    async with running_app(make_config(max_wait_ms=0, max_batch_size=1), engine=engine) as (client, _, _):
+    async with running_app(make_config(max_wait_ms=0, max_batch_size=1, inline_max_ms=0), engine=engine) as (client, _, _):
         blocker = asyncio.create_task(client.post("/classify", json={"text": "blocker"}, headers=headers("cheap")))
         await asyncio.sleep(0.1)
         cheap = [asyncio.create_task(client.post("/classify", json={"text": f"c{i}"}, headers=headers("cheap")))
@@ -51,7 +66,7 @@ async def test_quality_tier_is_served_first_under_contention() -> None:
 async def test_full_queues_answer_503_with_retry_after() -> None:
     engine = FakeEngine()
     engine.gate.clear()
-    d = config_dict(queue_size=5)
+    d = config_dict(queue_size=5, inline_max_ms=0)
     d["tiers"]["cheap"]["max_queue"] = 2
     async with running_app(parse_config(d), engine=engine) as (client, _, _):
         blocker = asyncio.create_task(client.post("/classify", json={"text": "b"}, headers=headers("quality")))
@@ -75,7 +90,7 @@ async def test_full_queues_answer_503_with_retry_after() -> None:
 async def test_client_gone_is_dropped_from_the_queue() -> None:
     engine = FakeEngine()
     engine.gate.clear()
-    async with running_app(make_config(max_wait_ms=0), engine=engine) as (client, app, _):
+    async with running_app(make_config(max_wait_ms=0, inline_max_ms=0), engine=engine) as (client, app, _):
         blocker = asyncio.create_task(client.post("/classify", json={"text": "b"}, headers=headers()))
         await asyncio.sleep(0.1)
         gone = asyncio.create_task(client.post("/classify?budget=0.25", json={"text": "gone"}, headers=headers()))
@@ -136,7 +151,7 @@ def test_planner_max_latency_picks_lower_budgets_for_tighter_limits() -> None:
 async def test_degrading_tier_answers_lower_budgets_instead_of_503() -> None:
     engine = FakeEngine(per_token_s=0.0005, bench=BENCH, max_length=512)  # 100 tokens: ~50 ms at 1.0, ~9.5 ms at 0.1
     engine.gate.clear()
-    d = config_dict(max_wait_ms=0, max_batch_size=1)
+    d = config_dict(max_wait_ms=0, max_batch_size=1, inline_max_ms=0)
     d["tiers"]["flex"].update(latency_target_ms=300)
     async with running_app(parse_config(d), engine=engine) as (client, app, _):
         app.state.runtime.batcher.latency.observe(1.0, 100, 50.0)  # calibrate: the fake is 5x the table
@@ -158,7 +173,7 @@ async def test_degrading_tier_answers_lower_budgets_instead_of_503() -> None:
 async def test_503_when_even_min_budget_cannot_make_the_target() -> None:
     engine = FakeEngine(per_token_s=0.0005, bench=BENCH, max_length=512)
     engine.gate.clear()
-    d = config_dict(max_wait_ms=0, max_batch_size=1)
+    d = config_dict(max_wait_ms=0, max_batch_size=1, inline_max_ms=0)
     d["tiers"]["flex"].update(latency_target_ms=50)
     async with running_app(parse_config(d), engine=engine) as (client, app, _):
         app.state.runtime.batcher.latency.observe(0.1, 100, 9.5)
@@ -179,7 +194,7 @@ async def test_503_when_even_min_budget_cannot_make_the_target() -> None:
 async def test_queue_timeout_is_503() -> None:
     engine = FakeEngine()
     engine.gate.clear()
-    async with running_app(make_config(request_timeout_s=0.2, max_wait_ms=0), engine=engine) as (client, _, _):
+    async with running_app(make_config(request_timeout_s=0.2, max_wait_ms=0, inline_max_ms=0), engine=engine) as (client, _, _):
         blocker = asyncio.create_task(client.post("/classify", json={"text": "b"}, headers=headers()))
         await asyncio.sleep(0.05)
         late = asyncio.create_task(client.post("/classify?budget=0.25", json={"text": "late"}, headers=headers()))
@@ -218,7 +233,7 @@ async def test_engine_errors_map_to_http() -> None:
 
 async def test_shutdown_finishes_queued_requests() -> None:
     engine = FakeEngine(delay_s=0.05)
-    config = make_config(max_wait_ms=0, max_batch_size=1)
+    config = make_config(max_wait_ms=0, max_batch_size=1, inline_max_ms=0)  # one batch running, the rest queued
     from headbudget.service.app import create_app
 
     app = create_app(config, lambda: engine)
