@@ -17,7 +17,7 @@ import pytest
 
 from headbudget.engine.errors import EngineError
 from headbudget.engine.types import BatchResult
-from headbudget.service.settings import ServerConfig, parse_config
+from headbudget.service.settings import parse_config
 from tests.service.conftest import (
     KEYS,
     Server,
@@ -295,7 +295,7 @@ async def test_overload_and_failures_in_tei_shape() -> None:
     `Unhealthy` from /health and /predict."""
     # no inline runs (an idle server runs a lone request on the event loop's thread): the held batch must sit
     # on the engine thread for the queue to fill behind it
-    d = config_dict(queue_size=64, **({"inline_max_ms": 0} if "inline_max_ms" in ServerConfig.model_fields else {}))
+    d = config_dict(queue_size=64, inline_max_ms=0)
     d["tiers"]["cheap"].update(rate_limit=60, burst=2)
     d["tiers"]["quality"]["max_queue"] = 1
     engine = FailingEngine()
