@@ -1,4 +1,11 @@
-"""Service configuration: the TOML file (tiers, keys, batching, state) and the start-up settings, parsed once."""
+"""Service configuration: the TOML file (tiers, keys, batching, state) and the start-up settings, parsed once.
+
+The environment overrides both (pydantic-settings): ``HEADBUDGET_<TABLE>__<KEY>`` sets one value of the TOML file
+(``HEADBUDGET_SERVER__MAX_BATCH_SIZE=8``, ``HEADBUDGET_STATE__REDIS_URL=redis://...``,
+``HEADBUDGET_TIERS__CHEAP__MAX_BUDGET=0.5``; ``HEADBUDGET_SERVER='{"max_batch_size": 8}'`` a table as JSON), and
+``HEADBUDGET_MODEL_DIR``, ``HEADBUDGET_PRECISION``, ... the options of ``headbudget serve`` (a flag wins). A bad
+value refuses to start with one line naming the variable.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +14,21 @@ import math
 import os
 import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from headbudget.engine.types import EngineOptions
 
 Budget = Annotated[float, Field(ge=0.1, le=1.0, allow_inf_nan=False)]
 AUTO: Final = "auto"  # the budget a checkpoint that predicts its own per input (BudgetFormer) runs with; a metrics label
 SERVE_ENV = "HEADBUDGET_SERVE"  # how `headbudget serve` hands ServeSettings to uvicorn workers (JSON)
+# Settings from the environment. SERVE_ENV shares the prefix but names no field of ConfigEnv or ServeEnv below
+# ("serve" is neither a table nor a serve option), so it is never read as a setting.
+ENV_PREFIX: Final = "HEADBUDGET_"
 
 
 class ConfigError(ValueError):
@@ -159,27 +171,94 @@ class ServiceConfig(_Strict):
         return sorted({t.latency_target_ms / 1000.0 for t in self.tiers.values() if t.latency_target_ms})
 
 
-def parse_config(data: dict[str, Any]) -> ServiceConfig:
-    """Validate a parsed TOML document; tier names are copied into each tier."""
+def parse_config(data: dict[str, Any], env_names: Mapping[tuple[str, ...], str] | None = None) -> ServiceConfig:
+    """Validate a parsed TOML document; tier names are copied into each tier. ``env_names``: the environment
+    variable behind a value (from ``env_overrides``), named in its error instead of its place in the file."""
     tiers = data.get("tiers")
     if isinstance(tiers, dict):
         data = {**data, "tiers": {n: {**t, "name": n} if isinstance(t, dict) else t for n, t in tiers.items()}}
     try:
         return ServiceConfig.model_validate(data)
     except ValidationError as e:
-        lines = [f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()]
+        places = [_error_place(tuple(str(p) for p in err["loc"]), env_names or {}) for err in e.errors()]
+        lines = [f"{place}: {err['msg']}" if place else err["msg"] for place, err in zip(places, e.errors(), strict=True)]
         raise ConfigError("; ".join(lines)) from None
 
 
+def _error_place(loc: tuple[str, ...], env_names: Mapping[tuple[str, ...], str]) -> str:
+    """The environment variable that set ``loc`` (or a table above it), else the dotted place in the file and
+    the variables that changed something under it (a tier's cross-field check)."""
+    for n in range(len(loc), 0, -1):
+        if loc[:n] in env_names:
+            return env_names[loc[:n]]
+    below = sorted(name for path, name in env_names.items() if path[:len(loc)] == loc)
+    with_env = f"with {', '.join(below)} from the environment" if below else ""
+    return f"{'.'.join(loc)} ({with_env})" if loc and with_env else ".".join(loc) or with_env
+
+
+class ConfigEnv(BaseSettings):
+    """Overrides of service.toml's tables from the environment (HEADBUDGET_<TABLE>__<KEY>, or a table as JSON);
+    the values are validated with the file's, by ServiceConfig."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__", case_sensitive=False,
+                                      extra="ignore", frozen=True)
+
+    server: dict[str, Any] = {}
+    state: dict[str, Any] = {}
+    development: dict[str, Any] = {}
+    tiers: dict[str, dict[str, Any]] = {}
+
+
+def _env_name(path: tuple[str, ...]) -> str:
+    """The variable that set ``path``: HEADBUDGET_A__B if it is set, else the JSON table HEADBUDGET_A."""
+    upper = {k.upper() for k in os.environ}
+    for n in range(len(path), 0, -1):
+        name = ENV_PREFIX + "__".join(path[:n]).upper()
+        if name in upper:
+            return name
+    return ENV_PREFIX + "__".join(path).upper()
+
+
+def env_overrides(data: dict[str, Any]) -> tuple[dict[str, Any], dict[tuple[str, ...], str]]:
+    """``data`` (a parsed service.toml) with the environment's values on top, and the variable behind each
+    overridden value. Tiers: only those the file defines (names matched case-insensitively)."""
+    try:
+        env = ConfigEnv()
+    except SettingsError as e:
+        field = str(e).split('"')[1] if str(e).count('"') >= 2 else ""
+        raise ConfigError(f"{ENV_PREFIX}{field.upper()}: not valid JSON") from None
+    data, names = dict(data), dict[tuple[str, ...], str]()
+    for table in ("server", "state", "development"):
+        values: dict[str, Any] = getattr(env, table)
+        if values:
+            base = data.get(table, {})
+            data[table] = {**base, **values} if isinstance(base, dict) else values
+            names.update({(table, key): _env_name((table, key)) for key in values})
+    if env.tiers:
+        tiers = dict(data["tiers"]) if isinstance(data.get("tiers"), dict) else {}
+        by_lower = {name.lower(): name for name in tiers}
+        for env_tier, values in env.tiers.items():
+            name = by_lower.get(env_tier.lower())
+            if name is None:
+                raise ConfigError(f"{_env_name(('tiers', env_tier))}: no tier {env_tier!r} in the config file "
+                                  f"({sorted(tiers)}); the environment can only change a defined tier")
+            base = tiers[name]
+            tiers[name] = {**base, **values} if isinstance(base, dict) else values
+            names.update({("tiers", name, key): _env_name(("tiers", env_tier, key)) for key in values})
+        data["tiers"] = tiers
+    return data, names
+
+
 def load_config(path: Path) -> ServiceConfig:
-    """Read and validate a service TOML file; raises ConfigError with a one-line reason."""
+    """Read and validate a service TOML file with the environment's overrides (``env_overrides``) on top;
+    raises ConfigError with a one-line reason."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file {str(path)!r} does not exist") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
-    return parse_config(data)
+    return parse_config(*env_overrides(data))
 
 
 class ServeSettings(BaseModel):
@@ -190,7 +269,7 @@ class ServeSettings(BaseModel):
     model_dir: Path
     config_path: Path
     backend: Literal["onnxruntime", "torch"] = "onnxruntime"
-    precision: Literal["fp32", "int8"] = "fp32"
+    precision: Literal["fp32", "int8"] = "int8"  # `headbudget serve` picks fp32 where int8 has no engine
     threads: Annotated[int, Field(ge=1)] = 1
     extra_key_hashes: dict[str, str] = {}  # sha256 -> tier: ephemeral keys (serve --print-curl), never written
 
@@ -209,6 +288,32 @@ class ServeSettings(BaseModel):
         if not raw:
             raise ConfigError(f"{SERVE_ENV} is not set; start the service with `headbudget serve`")
         return cls.model_validate(json.loads(raw))
+
+
+class ServeEnv(BaseSettings):
+    """Options of `headbudget serve` from the environment (HEADBUDGET_MODEL_DIR, HEADBUDGET_PRECISION, ...);
+    a flag given on the command line wins over its variable. Unset: the command's defaults."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, case_sensitive=False, extra="ignore", frozen=True)
+
+    model_dir: Path | None = None
+    config: Path | None = None
+    backend: Literal["onnxruntime", "torch"] | None = None
+    precision: Literal["fp32", "int8"] | None = None
+    threads: Annotated[int, Field(ge=1)] | None = None
+    host: str | None = None
+    port: Annotated[int, Field(ge=1, le=65535)] | None = None
+    workers: Annotated[int, Field(ge=1)] | None = None
+    log_level: Literal["debug", "info", "warning", "error"] | None = None
+
+
+def serve_env() -> ServeEnv:
+    """`headbudget serve` options from the environment; a bad value is a ConfigError naming its variable."""
+    try:
+        return ServeEnv()
+    except ValidationError as e:
+        lines = [f"{ENV_PREFIX}{str(err['loc'][0]).upper()}: {err['msg']}" for err in e.errors()]
+        raise ConfigError("; ".join(lines)) from None
 
 
 def budget_bucket(budget: float) -> str:

@@ -1,40 +1,100 @@
-"""``headbudget serve``: the HTTP API for a checkpoint (tiers and keys from a TOML config)."""
+"""``headbudget serve``: the HTTP API for a checkpoint (tiers and keys from a TOML config).
+
+Every option can also come from the environment (HEADBUDGET_MODEL_DIR, HEADBUDGET_CONFIG, HEADBUDGET_BACKEND,
+HEADBUDGET_PRECISION, HEADBUDGET_THREADS, HEADBUDGET_HOST, HEADBUDGET_PORT, HEADBUDGET_WORKERS,
+HEADBUDGET_LOG_LEVEL; service/settings.py ServeEnv); a flag on the command line wins.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import logging
 from pathlib import Path
 from typing import Any
 
 from headbudget.commands.common import CliError, existing_dir, positive_int
 
+log = logging.getLogger(__name__)
+
+# Defaults when neither a flag nor its variable is given; precision has none: see default_precision.
+DEFAULTS: dict[str, Any] = {"config": Path("service.toml"), "backend": "onnxruntime", "threads": 1,
+                            "host": "127.0.0.1", "port": 8000, "workers": 1, "log_level": "info"}
+
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("serve", help="serve a checkpoint over HTTP with per-request budgets")
-    p.add_argument("--model", type=existing_dir, required=True, help="checkpoint folder")
-    p.add_argument("--config", type=Path, default=Path("service.toml"), help="tiers, keys, batching (TOML)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--workers", type=positive_int, default=1, help="uvicorn worker processes")
-    p.add_argument("--backend", choices=["onnxruntime", "torch"], default="onnxruntime")
-    p.add_argument("--precision", choices=["fp32", "int8"], default="fp32")
-    p.add_argument("--threads", type=positive_int, default=1, help="intra-op threads per worker's engine")
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
+    p.add_argument("--model", type=existing_dir, help="checkpoint folder (or HEADBUDGET_MODEL_DIR)")
+    p.add_argument("--config", type=Path, help="tiers, keys, batching (TOML; default service.toml)")
+    p.add_argument("--host", help="default 127.0.0.1")
+    p.add_argument("--port", type=int, help="default 8000")
+    p.add_argument("--workers", type=positive_int, help="uvicorn worker processes (default 1)")
+    p.add_argument("--backend", choices=["onnxruntime", "torch"], help="default onnxruntime")
+    p.add_argument("--precision", choices=["fp32", "int8"],
+                   help="default int8 where the checkpoint and backend have an int8 engine (budgeted checkpoints "
+                        "on onnxruntime), else fp32")
+    p.add_argument("--threads", type=positive_int, help="intra-op threads per worker's engine (default 1)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
     p.add_argument("--print-curl", action="store_true",
                    help="once ready, print a curl command with a development key valid while the server runs")
     p.set_defaults(func=run)
 
 
+def default_precision(model_dir: Path, backend: str) -> str:
+    """int8 where there is an int8 engine (a budgeted checkpoint on onnxruntime; docs/results.md section 2: as
+    accurate as fp32 within 0.16 points and 2.5x faster), else fp32 (the torch backend, the adaptive types)."""
+    from headbudget.engine.weights import checkpoint_config
+
+    _, cfg = checkpoint_config(model_dir)
+    return "int8" if backend == "onnxruntime" and cfg.model_type == "budgeted" else "fp32"
+
+
+def _needs_torch(model_dir: Path, backend: str) -> bool:
+    from headbudget.engine.weights import checkpoint_config
+
+    return backend == "torch" or checkpoint_config(model_dir)[1].model_type != "budgeted"
+
+
 def run(args: argparse.Namespace) -> int:
     from headbudget.service.server import serve
-    from headbudget.service.settings import ConfigError, ServeSettings
+    from headbudget.service.settings import ConfigError, ServeSettings, load_config, serve_env
 
-    if not 0 < args.port < 65536:
-        raise CliError(f"--port must be in 1..65535, got {args.port}")
-    settings = ServeSettings(model_dir=args.model.resolve(), config_path=args.config.resolve(),
-                             backend=args.backend, precision=args.precision, threads=args.threads)
     try:
-        return serve(settings, host=args.host, port=args.port, workers=args.workers, print_curl=args.print_curl,
-                     log_level=args.log_level)
+        env = serve_env()
+    except ConfigError as e:
+        raise CliError(str(e)) from None
+
+    def option(name: str) -> Any:
+        """The flag, else its environment variable, else the default."""
+        flag = getattr(args, name)
+        if flag is not None:
+            return flag
+        value = getattr(env, name)
+        return value if value is not None else DEFAULTS.get(name)
+
+    model = args.model if args.model is not None else env.model_dir
+    if model is None:
+        raise CliError("--model is required (or set HEADBUDGET_MODEL_DIR)")
+    if not model.is_dir():
+        raise CliError(f"HEADBUDGET_MODEL_DIR: folder {str(model)!r} does not exist")
+    port = option("port")
+    if not 0 < port < 65536:
+        raise CliError(f"--port must be in 1..65535, got {port}")
+    backend = option("backend")
+    if _needs_torch(model, backend) and importlib.util.find_spec("torch") is None:
+        raise CliError(f"this checkpoint or --backend {backend} runs on PyTorch, which is not installed: "
+                       "install headbudget[torch]")
+    precision = args.precision or env.precision
+    defaulted = precision is None
+    if precision is None:
+        precision = default_precision(model, backend)
+    settings = ServeSettings(model_dir=model.resolve(), config_path=option("config").resolve(), backend=backend,
+                             precision=precision, threads=option("threads"))
+    try:
+        load_config(settings.config_path)  # a bad file or variable is refused before anything else is said
+        if defaulted:
+            log.info("precision %s (the default for this checkpoint and backend; --precision to change)", precision)
+        return serve(settings, host=option("host"), port=port, workers=option("workers"),
+                     print_curl=args.print_curl, log_level=option("log_level"))
     except ConfigError as e:
         raise CliError(str(e)) from None
