@@ -74,6 +74,18 @@ def test_wheel_metadata_has_the_client_as_its_base_and_the_license(wheel: Path) 
     assert {"serve", "torch", "train", "minilm", "loadtest", "dev"} <= extras
 
 
+def test_wheel_holds_every_package_of_the_tree(wheel: Path) -> None:
+    """A subpackage missing from [tool.setuptools] packages works in the editable install and breaks every
+    real one (the image, pip install)."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    for package, folder in mapping.items():
+        for init in sorted((ROOT / folder).rglob("__init__.py")):
+            rel = init.relative_to(ROOT / folder).as_posix()
+            if "__pycache__" not in rel:
+                assert f"{package.replace('.', '/')}/{rel}" in names, f"{folder}/{rel}: not in the wheel"
+
+
 def test_every_mapped_module_is_in_its_extra() -> None:
     """headbudget/extras.py names the extra that provides each module; pyproject.toml must agree."""
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
