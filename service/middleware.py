@@ -15,7 +15,7 @@ from headbudget.service.errors import error_body
 from headbudget.service.logs import log_access
 from headbudget.service.metrics import Metrics
 
-_QUIET = frozenset({"/healthz", "/readyz", "/metrics"})
+_QUIET = frozenset({"/healthz", "/readyz", "/health", "/metrics"})  # probes and scrapes (/health: TEI's)
 _UNCOUNTED = _QUIET | {"/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"}
 _ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 

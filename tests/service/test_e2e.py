@@ -298,7 +298,8 @@ def test_two_workers_share_limits_metrics_and_feedback(attn_checkpoint: Path, tm
 
 def test_schema_fuzz_no_server_errors(server: Server) -> None:
     """A few hundred schemathesis cases generated from the app's own OpenAPI document: no 5xx, answers as
-    documented. The quality key is sent, so generated bodies reach the model."""
+    documented. The quality key is sent in both key headers (credentials that disagree are a 401), so generated
+    bodies reach the model."""
     import schemathesis
     from hypothesis import HealthCheck, given, settings
     from schemathesis.checks import not_a_server_error
@@ -311,7 +312,7 @@ def test_schema_fuzz_no_server_errors(server: Server) -> None:
     schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json")
     operations = [r.ok() for r in schema.get_all_operations()]
     assert {f"{op.method.upper()} {op.path}" for op in operations} >= {"POST /classify", "POST /feedback",
-                                                                      "GET /v1/models", "GET /readyz"}
+                                                                      "GET /v1/models", "GET /readyz", "POST /predict"}
     seen: list[int] = []
     for op in operations:
         examples = 120 if op.path in ("/classify", "/feedback") else 10
@@ -321,7 +322,7 @@ def test_schema_fuzz_no_server_errors(server: Server) -> None:
         @given(case=op.as_strategy())
         def check(case: Any) -> None:
             response = case.call_and_validate(
-                base_url=server.url, headers=h("quality"),
+                base_url=server.url, headers={**h("quality"), "Authorization": f"Bearer {KEYS['quality']}"},
                 checks=[not_a_server_error, status_code_conformance, content_type_conformance,
                         response_schema_conformance])
             seen.append(response.status_code)
