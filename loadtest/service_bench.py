@@ -67,13 +67,13 @@ class Server:
     """`headbudget serve` in a subprocess on a free loopback port, stopped on exit."""
 
     def __init__(self, model: Path, workers: int, batch: int = 32, wait_ms: float = 3.0, budget: float = 0.5,
-                 config_text: str | None = None, inline_ms: float = 25.0) -> None:
+                 config_text: str | None = None, inline_ms: float = 25.0, precision: str = "fp32") -> None:
         self.port = free_port()
         self.dir = tempfile.TemporaryDirectory()
         cfg = Path(self.dir.name) / "bench.toml"
         cfg.write_text(config_text or CONFIG.format(batch=batch, wait=wait_ms, budget=budget, inline=inline_ms))
         cmd = [sys.executable, "-m", "headbudget.cli", "serve", "--model", str(model), "--config", str(cfg),
-               "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(workers), "--log-level", "warning"]
+               "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(workers), "--precision", precision, "--log-level", "warning"]
         # The access log goes to a file: an unread pipe fills after ~64 KB and then blocks the server.
         self.log = open(Path(self.dir.name) / "server.log", "w+b")  # noqa: SIM115 - closed in __exit__
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log, start_new_session=True)
@@ -137,12 +137,13 @@ def pct(xs: list[float], q: float) -> float:
 BLOCK = 20  # texts per pairing block in the overhead benchmark
 
 
-def overhead(model: Path, texts: list[str], budget: float, wait_ms: float) -> dict[str, Any]:
+def overhead(model: Path, texts: list[str], budget: float, wait_ms: float, precision: str = "fp32") -> dict[str, Any]:
     """Round trip minus the engine's own time, per text, one worker, sequential batch-1 requests."""
     from headbudget.engine.factory import load_engine
     from headbudget.engine.types import EngineOptions
 
-    engine = load_engine(model, EngineOptions())
+    # The same engine options as the server's (serve defaults to int8 where it can: name it on both sides).
+    engine = load_engine(model, EngineOptions(precision="int8" if precision == "int8" else "fp32"))
     engine.warmup()
 
     def engine_ms_for(text: str) -> float:
@@ -151,7 +152,7 @@ def overhead(model: Path, texts: list[str], budget: float, wait_ms: float) -> di
         return (time.perf_counter() - t0) * 1e3
 
     engine_ms, rtt, forward_ms, handler_ms, floor = [], [], [], [], []
-    with Server(model, 1, 32, wait_ms, budget) as srv:
+    with Server(model, 1, 32, wait_ms, budget, precision=precision) as srv:
         # A bare keep-alive http.client connection: the figure is the server's overhead, and httpx's own
         # per-request cost (~0.4 ms more on this CPU, measured) would be counted in it otherwise.
         conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
@@ -184,7 +185,7 @@ def overhead(model: Path, texts: list[str], budget: float, wait_ms: float) -> di
             engine.close()
     diffs = [a - b for a, b in zip(rtt, engine_ms, strict=True)]
     return {
-        "n_requests": len(texts), "budget": budget, "batch_window_ms": wait_ms, "client": "http.client keep-alive",
+        "n_requests": len(texts), "budget": budget, "precision": precision, "batch_window_ms": wait_ms, "client": "http.client keep-alive",
         "pairing": f"blocks of {BLOCK} texts: the engine once per text in this process, then the server on them",
         "overhead_median_ms": statistics.median(diffs), "overhead_p99_ms": pct(diffs, 0.99),
         "rtt_median_ms": statistics.median(rtt), "rtt_p99_ms": pct(rtt, 0.99),
@@ -263,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--duration", type=float, default=20.0)
     p.add_argument("--wait-ms", type=float, default=3.0)
+    p.add_argument("--precision", choices=("fp32", "int8"), default="fp32",
+                   help="the server's and the paired in-process engine's precision")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     if not (args.model / "config.json").is_file() or not (args.data / "test.csv").is_file():
@@ -273,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     texts = load_texts(args.data, args.requests)
     result: dict[str, Any] = {"model": str(args.model), "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"),
                               "workers": args.workers, "concurrency": args.concurrency}
-    result.update(overhead(args.model, texts, args.budget, args.wait_ms))
+    result.update(overhead(args.model, texts, args.budget, args.wait_ms, args.precision))
     result["throughput"] = [
         throughput(args.model, texts, args.budget, args.workers, args.concurrency, args.duration, b, args.wait_ms)
         for b in (True, False)
