@@ -164,6 +164,9 @@ class Batcher:
         finally:
             with self._cond:
                 self._busy = False
+                # The loop could not read its sockets while this ran: whatever arrives next may have been waiting
+                # all along, so it must not count as alone (it queues, and tier priority orders the burst).
+                self._last_arrival = time.monotonic()
                 self._cond.notify_all()
         if done is not None:  # the bookkeeping waits until the answer is on its way
             job.loop.call_soon(done)

@@ -44,6 +44,23 @@ async def test_only_a_short_lone_request_on_an_idle_server_runs_on_the_event_loo
     assert len(engine.calls) - 2 < 4  # the four were answered in fewer forward passes than requests
 
 
+async def test_a_burst_behind_an_inline_run_is_queued_by_tier_not_run_inline_in_arrival_order() -> None:
+    # The inline run blocks the loop; the burst that piled up meanwhile must reach the priority queue (the CI
+    # failure this guards: every cheap request ran inline in arrival order and quality waited behind them).
+    engine = FakeEngine(delay_s=0.05)
+    async with running_app(make_config(max_wait_ms=20, max_batch_size=1, inline_max_ms=1000),
+                           engine=engine) as (client, _, _):
+        tasks = [asyncio.create_task(client.post("/classify?budget=0.5", json={"text": f"c{i}"},
+                                                 headers=headers("cheap"))) for i in range(4)]
+        tasks += [asyncio.create_task(client.post("/classify", json={"text": f"q{i}"}, headers=headers("quality")))
+                  for i in range(2)]
+        rs = await asyncio.gather(*tasks)
+    assert [r.status_code for r in rs] == [200] * 6
+    order = [texts[0] for texts, _ in engine.calls]
+    assert order[0] == "c0" and len(engine.threads) == 2  # the first ran inline, the burst on the engine thread
+    assert max(order.index("q0"), order.index("q1")) < max(order.index(f"c{i}") for i in range(4)), order
+
+
 async def test_quality_tier_is_served_first_under_contention() -> None:
     engine = FakeEngine()
     engine.gate.clear()
