@@ -236,7 +236,7 @@ class AdaptiveEngine(EngineBase):
             pooled = x[torch.tensor([0, *np.cumsum(lengths)[:-1]])]  # (B, D)
         else:
             pooled = _segment_mean(x, seg, lengths)
-        return self.model.classifier(pooled), usages
+        return self.model.head(pooled), usages
 
     def _choose(self, index: int, layer: _Layer, x: torch.Tensor, seg: torch.Tensor, lengths: list[int], cap: int,
                 adaptive: bool, usages: list[Usage]) -> tuple[list[Plan], list[torch.Tensor | None]]:

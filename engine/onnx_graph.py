@@ -27,14 +27,16 @@ from headbudget.engine.weights import Arrays
 from headbudget.models.config import ModelConfig
 
 # Bump whenever the graph or the weight layout changes: it is part of the on-disk cache key.
-BUILDER_VERSION = 5
+BUILDER_VERSION = 6
 OPSET = 17
 MS = "com.microsoft"
 _NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int8): TensorProto.INT8}
 
 
-# Initializers outside the layers; int8 adds the word table's per-row scales.
-_SHARED = ("word", "pos_tt", "emb_g", "emb_b", "cls_w", "cls_b")
+def _shared(cfg: ModelConfig, precision: Precision) -> tuple[str, ...]:
+    """Initializers outside the layers: int8 adds the word table's per-row scales, a pooler its layer."""
+    return (("word", "pos_tt", "emb_g", "emb_b", "cls_w", "cls_b") + (("word_s",) if precision == "int8" else ())
+            + (("pool_w", "pool_b") if cfg.pooler != "none" else ()))
 
 
 def _sliced(store: Arrays, layer: int, k: int, dh: int, precision: Precision, cache: dict[str, np.ndarray]) -> Arrays:
@@ -57,7 +59,7 @@ def bind(
     store: Arrays, cfg: ModelConfig, layer_k: Sequence[int], precision: Precision, cache: dict[str, np.ndarray]
 ) -> Arrays:
     """Every initializer the graph for ``layer_k`` names, as arrays backed by ``store`` (or ``cache``)."""
-    out: Arrays = {n: store[n] for n in _SHARED + (("word_s",) if precision == "int8" else ())}
+    out: Arrays = {n: store[n] for n in _shared(cfg, precision)}
     for layer, k in enumerate(layer_k):
         p = f"l{layer}."
         names = ["bo", "ln1_g", "ln1_b", "w1", "b1", "w2", "b2", "ln2_g", "ln2_b"]
@@ -178,6 +180,14 @@ class _Graph:
         count = self.op("Max", [self.op("ReduceSum", [m, one], keepdims=1), floor])  # (B, 1)
         return self.op("Div", [self.op("Squeeze", [total, one]), count])  # (B, D)
 
+    def classify(self, h: str, bn: str, mask: str) -> str:
+        """Hidden states (B*N, D) -> logits (B, C): pool, the optional pooler layer, the classifier."""
+        pooled = self.pool(h, bn, mask)  # (B, D)
+        if self.cfg.pooler != "none":
+            act = {"tanh": "Tanh", "relu": "Relu"}[self.cfg.pooler]
+            pooled = self.op(act, [self.op("Gemm", [pooled, "pool_w", "pool_b"], transB=1)])
+        return self.op("Gemm", [pooled, "cls_w", "cls_b"], transB=1)
+
 
 # Initializers point at this (empty) file beside the graph; sessions receive the data in memory instead.
 PLACEHOLDER_FILE = "weights.placeholder"
@@ -226,7 +236,7 @@ def build_graph(cfg: ModelConfig, layer_k: Sequence[int], precision: Precision, 
     x = g.embed("input_ids")
     for layer, k in enumerate(layer_k):
         x = g.ffn(g.attention(x, bn, bias, layer, k), layer)
-    logits = g.op("Gemm", [g.pool(x, bn, "attention_mask"), "cls_w", "cls_b"], transB=1)  # (B, C)
+    logits = g.classify(x, bn, "attention_mask")  # (B, C)
     return _model(g, [_IDS, _MASK], {"logits": logits}, arrays)
 
 
@@ -238,7 +248,7 @@ def dynamic_arrays(store: Arrays, cfg: ModelConfig, precision: Precision, cache:
     """
     names = ["bo", "ln1_g", "ln1_b", "w1", "b1", "w2", "b2", "ln2_g", "ln2_b"]
     names += ["w1_s", "w2_s", "wo_s"] if precision == "int8" else []
-    out: Arrays = {n: store[n] for n in _SHARED + (("word_s",) if precision == "int8" else ())}
+    out: Arrays = {n: store[n] for n in _shared(cfg, precision)}
     for layer in range(cfg.n_layers):
         out.update({f"l{layer}.{n}": store[f"l{layer}.{n}"] for n in names})
         out.update(_sliced(store, layer, cfg.n_heads, cfg.head_dim, precision, cache))
@@ -306,5 +316,5 @@ def build_dynamic(cfg: ModelConfig, precision: Precision, arrays: Arrays) -> onn
         x = g.switch(p + "full", partial(_Graph.attention, x=h, bn=bn, bias=bias, layer=layer, k=cfg.n_heads),
                      partial(_Graph.attention, x=h, bn=bn, bias=bias, layer=layer, k=None))
         x = g.ffn(x, layer)
-    logits = g.op("Gemm", [g.pool(x, bn, "attention_mask"), "cls_w", "cls_b"], transB=1)  # (B, C)
+    logits = g.classify(x, bn, "attention_mask")  # (B, C)
     return _model(g, inputs, {"logits": logits}, arrays)

@@ -64,6 +64,8 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         "classifier.weight": (c, d), "classifier.bias": (c,),
         "gates.logit": (cfg.n_layers, cfg.n_heads), "gates.raw_beta": (cfg.n_layers, cfg.n_heads),
     }
+    if cfg.pooler != "none":
+        shapes.update({"pooler.weight": (d, d), "pooler.bias": (d,)})
     per_layer = {"attention.query": (d, d), "attention.key": (d, d), "attention.value": (d, d),
                  "attention.output": (d, d), "intermediate": (i, d), "ffn_out": (d, i)}
     for layer in range(cfg.n_layers):
@@ -153,6 +155,8 @@ def pack(state: Arrays, cfg: ModelConfig, perms: np.ndarray, precision: Precisio
         "emb_g": state[e + "norm.weight"], "emb_b": state[e + "norm.bias"],
         "cls_w": state["classifier.weight"], "cls_b": state["classifier.bias"],
     }
+    if cfg.pooler != "none":
+        out["pool_w"], out["pool_b"] = state["pooler.weight"], state["pooler.bias"]
     if precision == "int8":
         # The word table is most of the model (30522 x 384 fp32 = 47 MB for MiniLM): int8 rows with one
         # scale each, dequantized after the Gather (only the B*N gathered rows), as quantize_dynamic does.

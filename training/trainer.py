@@ -15,10 +15,11 @@ from headbudget.models.checkpoint import CheckpointError, load_checkpoint, save_
 from headbudget.models.classifier import BudgetedClassifier
 from headbudget.models.config import GateConfig
 from headbudget.models.factory import to_model_type
-from headbudget.models.pretrained import from_pretrained, minilm_path, random_init
+from headbudget.models.pretrained import Base, from_pretrained, minilm_path, random_init
 from headbudget.models.tokenizer import TextEncoder, copy_tokenizer
-from headbudget.training.batches import tokenize
+from headbudget.training.batches import TokenizedSplit, tokenize
 from headbudget.training.data import DataError, DataSet, load_data
+from headbudget.training.evaluation import accuracy
 from headbudget.training.recipes import Recipe
 from headbudget.training.stages import ADAPTIVE_STAGES, STAGES, run_stage
 
@@ -53,16 +54,25 @@ def tokenizer_folder(base: str) -> Path:
     return minilm_path() if base in ("minilm", "tiny") else Path(base)
 
 
-def build_base(base: str, labels: tuple[str, ...], gate: GateConfig, seed: int, max_length: int) -> BudgetedClassifier:
-    """The untrained classifier for a base name or a local Hugging Face BERT folder."""
+def build_base(base: str, labels: tuple[str, ...], gate: GateConfig, seed: int, max_length: int) -> Base:
+    """The untrained classifier for a base name or a local Hugging Face folder (encoder or fine-tuned classifier)."""
     if base == "tiny":
         # No dropout: the tiny base underfits the synthetic task rather than overfitting it, and with dropout
         # it stayed at chance for 25 epochs where without it it learned the task in 5 (measured).
-        return random_init(labels, gate, seed=seed, max_position=max(128, max_length), dropout=0.0)
+        model = random_init(labels, gate, seed=seed, max_position=max(128, max_length), dropout=0.0)
+        return Base(model=model, family="bert", head_loaded=False, note="tiny random encoder")
     folder = minilm_path() if base == "minilm" else Path(base)
     if not folder.is_dir():
         raise DataError(f"base {base!r}: expected minilm, tiny or an existing model folder")
     return from_pretrained(folder, labels, gate, seed=seed)
+
+
+def _skip_dense(model: BudgetedClassifier, base: Base, val: TokenizedSplit) -> dict[str, Any]:
+    """The dense stage's record when the base is already a fine-tuned classifier of the data's labels."""
+    val_acc = accuracy(model, val, "dense")
+    log.info("stage dense: skipped, %s (validation %.4f as loaded)", base.note, val_acc)
+    return {"stage": "dense", "steps": 0, "best_val": val_acc, "history": [], "seconds": 0.0,
+            "skipped": base.note}
 
 
 def _check_resume(out: Path, run: RunConfig) -> None:
@@ -86,7 +96,9 @@ def train(run: RunConfig, out: Path) -> Path:
     _check_resume(out, run)
     device = torch.device(run.device)
     gate = GateConfig(structural=run.structural)
-    model = build_base(run.base, ds.labels, gate, run.seed, recipe.max_length).to(device)
+    base = build_base(run.base, ds.labels, gate, run.seed, recipe.max_length)
+    log.info("base: %s", base.note)
+    model = base.model.to(device)
     tok_dir = tokenizer_folder(run.base)
     encoder = TextEncoder(tok_dir, min(recipe.max_length, model.cfg.max_position))
     train_split, val_split = tokenize(ds.train, encoder), tokenize(ds.validation.take(recipe.val_examples), encoder)
@@ -111,11 +123,15 @@ def train(run: RunConfig, out: Path) -> Path:
                 teacher = teacher.to(device).eval()
             if stage == "adapt":  # the dense warm start becomes the adaptive type here
                 model = to_model_type(model, run.model_type, seed=run.seed + i)
-            res = run_stage(model, stage, recipe, train_split, val_split, seed=run.seed + i, teacher=teacher)
+            if stage == "dense" and base.head_loaded:
+                record = _skip_dense(model, base, val_split)
+            else:
+                record = asdict(run_stage(model, stage, recipe, train_split, val_split, seed=run.seed + i,
+                                          teacher=teacher))
             save_checkpoint(model, stage_dir, {"stage": stage, "model_type": model.cfg.model_type})
-            results[stage] = asdict(res)
+            results[stage] = record
             done.write_text(json.dumps(results[stage], indent=2) + "\n")
-            log.info("stage %s: best validation %.4f in %.0f s", stage, res.best_val, res.seconds)
+            log.info("stage %s: best validation %.4f in %.0f s", stage, record["best_val"], record["seconds"])
     meta = {
         "name": out.name,
         "model_type": run.model_type,
@@ -126,8 +142,9 @@ def train(run: RunConfig, out: Path) -> Path:
         "data": {"name": ds.name, "spec": run.data, "fingerprint": ds.fingerprint, "labels": list(ds.labels),
                  "n_train": len(ds.train), "n_validation": len(ds.validation), "n_test": len(ds.test),
                  "text_column": run.text_column, "label_column": run.label_column},
-        "stages": {k: {"best_val": v["best_val"], "steps": v["steps"], "seconds": v["seconds"]}
-                   for k, v in results.items()},
+        "base_note": base.note,
+        "stages": {k: {"best_val": v["best_val"], "steps": v["steps"], "seconds": v["seconds"],
+                       **({"skipped": v["skipped"]} if "skipped" in v else {})} for k, v in results.items()},
         # Sum over stages, so that a resumed run still reports what the whole recipe took.
         "train_seconds": sum(float(v["seconds"]) for v in results.values()),
         "wall_seconds_this_invocation": time.perf_counter() - t0,

@@ -35,7 +35,7 @@ def _minilm_checkpoint(folder: Path) -> Path:
     from headbudget.models.pretrained import from_pretrained, minilm_path
     from headbudget.models.tokenizer import copy_tokenizer
 
-    model = from_pretrained(minilm_path(), ("World", "Sports", "Business", "Sci/Tech"), GateConfig())
+    model = from_pretrained(minilm_path(), ("World", "Sports", "Business", "Sci/Tech"), GateConfig()).model
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         model.gates.logit.copy_(torch.randn(model.gates.logit.shape, generator=g) * 2.0)

@@ -11,7 +11,9 @@ from headbudget.models.config import MODEL_TYPES
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("train", help="train a budget-conditioned checkpoint")
-    p.add_argument("--base", default="minilm", help="minilm, tiny, or a local Hugging Face BERT folder")
+    p.add_argument("--base", default="minilm",
+                   help="minilm, tiny, or a local Hugging Face folder: a BERT, RoBERTa, XLM-R or DistilBERT encoder, "
+                        "or a fine-tuned sequence classifier of one (its labels matching the data skip the dense stage)")
     p.add_argument("--data", required=True, help="synthetic, a folder with train/test files, or a HF dataset name")
     p.add_argument("--recipe", default="quick", choices=("smoke", "quick", "full"))
     p.add_argument("--model", default="budgeted", choices=MODEL_TYPES, help="model type")

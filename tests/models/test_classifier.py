@@ -80,7 +80,7 @@ def test_pretrained_minilm_matches_hugging_face() -> None:
     from headbudget.models.pretrained import from_pretrained
 
     folder = minilm_path()
-    ours = from_pretrained(folder, ("a", "b"), GateConfig()).eval()
+    ours = from_pretrained(folder, ("a", "b"), GateConfig()).model.eval()
     ref = BertModel.from_pretrained(str(folder)).eval()
     ids, mask = batch(folder)
     with torch.no_grad():
