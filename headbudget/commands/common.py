@@ -8,6 +8,7 @@ from pathlib import Path
 
 from headbudget.engine.errors import EngineError
 from headbudget.models.checkpoint_meta import CheckpointError  # torch-free (models.checkpoint re-exports it)
+from headbudget.models.hf_families import PretrainedError  # torch-free
 
 
 class CliError(Exception):
@@ -26,17 +27,9 @@ def _data_error() -> type[Exception]:
     return DataError
 
 
-def _pretrained_error() -> type[Exception]:
-    try:
-        from headbudget.models.pretrained import PretrainedError
-    except ImportError:  # no torch (a client or serving-only install): nothing can raise it
-        return CliError
-    return PretrainedError
-
-
 # Errors that come from bad input rather than bugs: one line, exit 2, no traceback.
 USER_ERRORS: tuple[type[BaseException], ...] = (
-    CheckpointError, _pretrained_error(), EngineError, _data_error(), FileNotFoundError, PermissionError,
+    CheckpointError, PretrainedError, EngineError, _data_error(), FileNotFoundError, PermissionError,
 )
 
 

@@ -1,0 +1,126 @@
+"""A headbudget checkpoint's dense (b = 1) model as a standard Hugging Face folder.
+
+Torch-free: the tensors are renamed and written with ``safetensors.numpy``. The class is the standard one when
+it computes exactly what our model does: BertForSequenceClassification for a first-token head with a tanh
+pooler (checkpoints converted from BERT, RoBERTa or XLM-R classifiers; RoBERTa's offset positions are already
+stored from row 0), DistilBertForSequenceClassification for a ReLU pre-classifier. Everything else (our mean-
+pooled MiniLM checkpoints) gets ``modeling_headbudget.py`` and an ``auto_map``: Hugging Face's mechanism for a
+custom head, loaded with ``trust_remote_code=True``. The gates are dropped: at b = 1 every head runs, and
+Hugging Face's BERT has one head count for every layer, so a smaller budget is ``--format onnx``'s job.
+
+Example::
+
+    headbudget export --model checkpoints/ag_news-quick --budget 1 --format hf --out exported/ag_news-hf
+    python -c "from transformers import AutoModelForSequenceClassification as A; \\
+               A.from_pretrained('exported/ag_news-hf', trust_remote_code=True)"
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from headbudget.models.checkpoint_meta import CONFIG, WEIGHTS, model_config, read_config, weights_digest
+from headbudget.models.config import ModelConfig
+from headbudget.models.hf_families import FAMILIES, PretrainedError, hf_key
+from headbudget.models.tokenizer import TOKENIZER_FILES
+
+REMOTE_CODE = "modeling_headbudget.py"
+
+
+@dataclass(frozen=True)
+class HfExport:
+    """What ``export_hf`` wrote."""
+
+    folder: Path
+    architecture: str  # the transformers class name in config.json
+    remote_code: bool  # loading needs trust_remote_code=True
+    n_parameters: int
+
+
+def _bert_config(cfg: ModelConfig) -> dict[str, Any]:
+    return {"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.n_layers,
+            "num_attention_heads": cfg.n_heads, "intermediate_size": cfg.intermediate_size,
+            "max_position_embeddings": cfg.max_position, "type_vocab_size": cfg.type_vocab_size,
+            "layer_norm_eps": cfg.layer_norm_eps, "pad_token_id": cfg.pad_token_id, "hidden_act": "gelu",
+            "hidden_dropout_prob": cfg.dropout, "attention_probs_dropout_prob": cfg.dropout,
+            "position_embedding_type": "absolute"}
+
+
+def _layout(cfg: ModelConfig) -> str:
+    """Which Hugging Face class computes this model exactly: bert, distilbert, or our remote code."""
+    if cfg.pooling == "cls" and cfg.pooler == "tanh":
+        return "bert"
+    if cfg.pooling == "cls" and cfg.pooler == "relu" and cfg.layer_norm_eps == 1e-12:  # DistilBERT's fixed eps
+        return "distilbert"
+    return "headbudget"
+
+
+def hf_state(state: dict[str, np.ndarray], cfg: ModelConfig, layout: str) -> dict[str, np.ndarray]:
+    """Our tensors under the Hugging Face names of ``layout`` (the gates dropped)."""
+    family = FAMILIES["distilbert" if layout == "distilbert" else "bert"]
+    prefix = "distilbert." if layout == "distilbert" else "bert."
+    out: dict[str, np.ndarray] = {}
+    for name, value in state.items():
+        if not name.startswith("encoder."):
+            continue
+        if name == "encoder.embeddings.token_type.weight" and layout == "distilbert":
+            continue  # DistilBERT has no token types: type 0 is folded into the positions below
+        out[prefix + hf_key(name, family)] = value
+    if layout == "distilbert":
+        out[prefix + "embeddings.position_embeddings.weight"] = (
+            state["encoder.embeddings.position.weight"] + state["encoder.embeddings.token_type.weight"][0])
+    pooler = {"bert": "bert.pooler.dense", "distilbert": "pre_classifier", "headbudget": "pooler"}[layout]
+    if cfg.pooler != "none":
+        out[f"{pooler}.weight"], out[f"{pooler}.bias"] = state["pooler.weight"], state["pooler.bias"]
+    out["classifier.weight"], out["classifier.bias"] = state["classifier.weight"], state["classifier.bias"]
+    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
+
+
+def export_hf(model_dir: Path, out: Path) -> HfExport:
+    """Write the dense model of the checkpoint in ``model_dir`` as a Hugging Face folder ``out``."""
+    from safetensors.numpy import load_file, save_file
+
+    model_dir, out = Path(model_dir), Path(out)
+    config = read_config(model_dir)
+    cfg = model_config(config, model_dir / CONFIG)
+    if cfg.model_type != "budgeted":
+        raise PretrainedError(f"{model_dir}: a {cfg.model_type} checkpoint has parts no Hugging Face class runs; "
+                              "only budgeted checkpoints export to the hf format")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise PretrainedError(f"{out}: exists and is not an empty folder")
+    layout = _layout(cfg)
+    tensors = hf_state(load_file(str(model_dir / WEIGHTS)), cfg, layout)
+    id2label = {str(i): label for i, label in enumerate(cfg.labels)}
+    common = {"id2label": id2label, "label2id": {v: int(k) for k, v in id2label.items()},
+              "headbudget": {"source": str(model_dir), "source_weights_sha256": weights_digest(model_dir),
+                             "budget": 1.0, "max_length": config.get("max_length", cfg.max_position)}}
+    if layout == "bert":
+        hf: dict[str, Any] = {"model_type": "bert", "architectures": ["BertForSequenceClassification"],
+                              **_bert_config(cfg)}
+    elif layout == "distilbert":
+        hf = {"model_type": "distilbert", "architectures": ["DistilBertForSequenceClassification"],
+              "vocab_size": cfg.vocab_size, "dim": cfg.hidden_size, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
+              "hidden_dim": cfg.intermediate_size, "max_position_embeddings": cfg.max_position,
+              "activation": "gelu", "pad_token_id": cfg.pad_token_id, "sinusoidal_pos_embds": False,
+              "dropout": cfg.dropout, "attention_dropout": cfg.dropout}
+    else:
+        hf = {"model_type": "headbudget", "architectures": ["HeadbudgetForSequenceClassification"],
+              "auto_map": {"AutoConfig": "modeling_headbudget.HeadbudgetConfig",
+                           "AutoModelForSequenceClassification": "modeling_headbudget.HeadbudgetForSequenceClassification"},
+              "pooling": cfg.pooling, "pooler": cfg.pooler, **_bert_config(cfg)}
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps({**hf, **common}, indent=2) + "\n")
+    if layout == "headbudget":
+        shutil.copyfile(Path(__file__).with_name("hf_remote_code.py"), out / REMOTE_CODE)
+    for name in TOKENIZER_FILES:
+        if (model_dir / name).is_file():
+            shutil.copyfile(model_dir / name, out / name)
+    return HfExport(folder=out, architecture=hf["architectures"][0], remote_code=layout == "headbudget",
+                    n_parameters=int(sum(v.size for v in tensors.values())))
