@@ -94,7 +94,7 @@ def soak(model: Path, texts: list[str], workers: int, users: int, seconds: float
     that store is full. A warm-up long enough to fill it shows the steady state.
     """
     samples: list[dict[str, Any]] = []
-    cfg = CONFIG.format(batch=32, wait=3.0, budget=0.5, inline=25.0)
+    cfg = CONFIG.format(batch=32, wait=3.0, budget=0.5)
     if feedback_max_entries:
         cfg += f"\n[state]\nfeedback_max_entries = {feedback_max_entries}\n"
     with Server(model, workers, config_text=cfg) as srv:

@@ -35,7 +35,6 @@ max_batch_size = {batch}
 max_wait_ms = {wait}
 queue_size = 4096
 request_timeout_s = 30
-inline_max_ms = {inline}
 
 [development]
 anonymous_tier = "bench"
@@ -67,11 +66,11 @@ class Server:
     """`headbudget serve` in a subprocess on a free loopback port, stopped on exit."""
 
     def __init__(self, model: Path, workers: int, batch: int = 32, wait_ms: float = 3.0, budget: float = 0.5,
-                 config_text: str | None = None, inline_ms: float = 25.0, precision: str = "fp32") -> None:
+                 config_text: str | None = None, precision: str = "fp32") -> None:
         self.port = free_port()
         self.dir = tempfile.TemporaryDirectory()
         cfg = Path(self.dir.name) / "bench.toml"
-        cfg.write_text(config_text or CONFIG.format(batch=batch, wait=wait_ms, budget=budget, inline=inline_ms))
+        cfg.write_text(config_text or CONFIG.format(batch=batch, wait=wait_ms, budget=budget))
         cmd = [sys.executable, "-m", "headbudget.cli", "serve", "--model", str(model), "--config", str(cfg),
                "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(workers), "--precision", precision, "--log-level", "warning"]
         # The access log goes to a file: an unread pipe fills after ~64 KB and then blocks the server.

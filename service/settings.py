@@ -99,11 +99,6 @@ class ServerConfig(_Strict):
     # Serve well-formed POST /classify requests without FastAPI's per-request layers (service/fastpath.py);
     # false sends every request through FastAPI (the reference the fast path is tested against).
     fast_path: bool = True
-    # An idle server runs a lone request's forward pass on the event loop's thread, when it is estimated to take
-    # at most this long (0: never): the two thread hand-offs cost ~0.3 ms a request (traced), a third of the
-    # overhead goal, and the loop would only wait for the engine anyway. Longer ones go to the engine thread so
-    # that probes and scrapes are never held up by more than this.
-    inline_max_ms: Annotated[float, Field(ge=0, le=1000, allow_inf_nan=False)] = 25.0
 
 
 class StateConfig(_Strict):

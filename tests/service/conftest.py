@@ -68,7 +68,7 @@ async def queued_behind_first(engine: FakeEngine, first_budget: float, budgets: 
     """One request at ``first_budget`` whose batch the engine holds, then one request per budget queued behind
     it, then the engine released: the answers, first one first (the batch-window tests)."""
     engine.gate.clear()  # hold the first batch so that the rest queue up behind it
-    async with running_app(make_config(max_wait_ms=max_wait_ms, inline_max_ms=0), engine=engine) as (client, _, _):
+    async with running_app(make_config(max_wait_ms=max_wait_ms), engine=engine) as (client, _, _):
         first = asyncio.create_task(client.post(f"/classify?budget={first_budget}", json={"text": "first"},
                                                 headers=headers()))
         await asyncio.sleep(0.1)

@@ -39,8 +39,7 @@ class FakeEngine:
 
     @contextlib.contextmanager
     def _one_thread(self) -> Iterator[None]:
-        """The Engine contract: never called from two threads at once (the batcher's engine thread, or the
-        event loop's thread for an inline run while the engine thread is idle)."""
+        """The Engine contract: never called from two threads at once."""
         me = threading.get_ident()
         with self._lock:
             assert self._thread in (None, me), "the engine was called from two threads at once"

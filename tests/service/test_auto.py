@@ -141,7 +141,7 @@ async def test_auto_and_an_uncapped_budget_share_a_batch() -> None:
 async def test_auto_degrades_to_a_lower_cap_under_load() -> None:
     engine = FakeBudgetFormer(per_token_s=0.0005, bench=BENCH, max_length=512)
     engine.gate.clear()
-    d = config_dict(max_wait_ms=0, max_batch_size=1, inline_max_ms=0)
+    d = config_dict(max_wait_ms=0, max_batch_size=1)
     d["tiers"]["flex"].update(latency_target_ms=300)  # flex: max_budget 1.0, min_budget 0.1
     text = " ".join(["w"] * 98)  # 100 tokens; predicts all 4 heads per layer, so a cap bites
     assert engine.predicted_budget(text) == 1.0

@@ -22,49 +22,46 @@ pytestmark = pytest.mark.anyio
 BENCH = {"seq_len": 10, "batch_size": 1, "rows": [{"budget": 0.1, "latency_ms": 0.1}, {"budget": 1.0, "latency_ms": 1.0}]}
 
 
-async def test_engine_never_runs_on_the_event_loop_thread_when_inline_is_off() -> None:
+async def test_engine_never_runs_on_the_event_loop_thread() -> None:
     engine = FakeEngine()
-    async with running_app(make_config(inline_max_ms=0), engine=engine) as (client, _, _):
+    async with running_app(make_config(), engine=engine) as (client, _, _):
         await client.post("/classify", json={"text": "x"}, headers=headers())
     assert engine.threads and threading.get_ident() not in engine.threads
 
 
-async def test_only_a_short_lone_request_on_an_idle_server_runs_on_the_event_loop_thread() -> None:
-    engine = FakeEngine(per_token_s=0.0005, bench=BENCH, max_length=512)  # the table: 1 ms per 10 tokens at 1.0
-    async with running_app(make_config(inline_max_ms=5), engine=engine) as (client, _, _):
-        r = await client.post("/classify?budget=1.0", json={"text": "short"}, headers=headers())  # ~0.7 ms
-        assert r.status_code == 200 and engine.threads == {threading.get_ident()}
-        long_text = " ".join(["w"] * 100)  # ~10 ms estimated: over inline_max_ms, so the engine thread runs it
-        r = await client.post("/classify?budget=1.0", json={"text": long_text}, headers=headers())
-        assert r.status_code == 200 and len(engine.threads) == 2
-        # Concurrent arrivals are batched on the engine thread as before, never run inline one by one.
-        rs = await asyncio.gather(*[client.post("/classify?budget=1.0", json={"text": f"t{i}"}, headers=headers())
-                                    for i in range(4)])
-        assert [x.status_code for x in rs] == [200] * 4
-    assert len(engine.calls) - 2 < 4  # the four were answered in fewer forward passes than requests
+async def test_a_client_sending_one_request_after_another_never_waits_the_batch_window() -> None:
+    # Each request finds the model idle (nothing queued, no forward pass): it runs at once. The rule this
+    # replaced ("no arrival in the last max_wait_ms") made every such request wait the window whenever the
+    # client's round trip was shorter than it.
+    engine = FakeEngine()
+    async with running_app(make_config(max_wait_ms=300), engine=engine) as (client, _, _):
+        waits = []
+        for i in range(4):
+            r = await client.post("/classify", json={"text": f"t{i}"}, headers=headers())
+            assert r.status_code == 200
+            waits.append(r.json()["queue_ms"])
+    assert max(waits) < 150, waits
 
 
-async def test_a_burst_behind_an_inline_run_is_queued_by_tier_not_run_inline_in_arrival_order() -> None:
-    # The inline run blocks the loop; the burst that piled up meanwhile must reach the priority queue (the CI
-    # failure this guards: every cheap request ran inline in arrival order and quality waited behind them).
+async def test_arrivals_during_a_forward_pass_are_batched_and_ordered_by_tier() -> None:
     engine = FakeEngine(delay_s=0.05)
-    async with running_app(make_config(max_wait_ms=20, max_batch_size=1, inline_max_ms=1000),
-                           engine=engine) as (client, _, _):
+    async with running_app(make_config(max_wait_ms=20, max_batch_size=8), engine=engine) as (client, _, _):
         tasks = [asyncio.create_task(client.post("/classify?budget=0.5", json={"text": f"c{i}"},
                                                  headers=headers("cheap"))) for i in range(4)]
         tasks += [asyncio.create_task(client.post("/classify", json={"text": f"q{i}"}, headers=headers("quality")))
                   for i in range(2)]
         rs = await asyncio.gather(*tasks)
     assert [r.status_code for r in rs] == [200] * 6
-    order = [texts[0] for texts, _ in engine.calls]
-    assert order[0] == "c0" and len(engine.threads) == 2  # the first ran inline, the burst on the engine thread
-    assert max(order.index("q0"), order.index("q1")) < max(order.index(f"c{i}") for i in range(4)), order
+    batches = [texts for texts, _ in engine.calls]
+    assert batches[0] == ["c0"]  # it found the model idle and ran at once
+    assert batches[1] == ["q0", "q1"]  # the rest queued during that pass: quality first, batched together
+    assert batches[2] == ["c1", "c2", "c3"]
 
 
 async def test_quality_tier_is_served_first_under_contention() -> None:
     engine = FakeEngine()
     engine.gate.clear()
-    async with running_app(make_config(max_wait_ms=0, max_batch_size=1, inline_max_ms=0), engine=engine) as (client, _, _):
+    async with running_app(make_config(max_wait_ms=0, max_batch_size=1), engine=engine) as (client, _, _):
         blocker = asyncio.create_task(client.post("/classify", json={"text": "blocker"}, headers=headers("cheap")))
         await asyncio.sleep(0.1)
         cheap = [asyncio.create_task(client.post("/classify", json={"text": f"c{i}"}, headers=headers("cheap")))
@@ -83,7 +80,7 @@ async def test_quality_tier_is_served_first_under_contention() -> None:
 async def test_full_queues_answer_503_with_retry_after() -> None:
     engine = FakeEngine()
     engine.gate.clear()
-    d = config_dict(queue_size=5, inline_max_ms=0)
+    d = config_dict(queue_size=5)
     d["tiers"]["cheap"]["max_queue"] = 2
     async with running_app(parse_config(d), engine=engine) as (client, _, _):
         blocker = asyncio.create_task(client.post("/classify", json={"text": "b"}, headers=headers("quality")))
@@ -107,7 +104,7 @@ async def test_full_queues_answer_503_with_retry_after() -> None:
 async def test_client_gone_is_dropped_from_the_queue() -> None:
     engine = FakeEngine()
     engine.gate.clear()
-    async with running_app(make_config(max_wait_ms=0, inline_max_ms=0), engine=engine) as (client, app, _):
+    async with running_app(make_config(max_wait_ms=0), engine=engine) as (client, app, _):
         blocker = asyncio.create_task(client.post("/classify", json={"text": "b"}, headers=headers()))
         await asyncio.sleep(0.1)
         gone = asyncio.create_task(client.post("/classify?budget=0.25", json={"text": "gone"}, headers=headers()))
@@ -168,7 +165,7 @@ def test_planner_max_latency_picks_lower_budgets_for_tighter_limits() -> None:
 async def test_degrading_tier_answers_lower_budgets_instead_of_503() -> None:
     engine = FakeEngine(per_token_s=0.0005, bench=BENCH, max_length=512)  # 100 tokens: ~50 ms at 1.0, ~9.5 ms at 0.1
     engine.gate.clear()
-    d = config_dict(max_wait_ms=0, max_batch_size=1, inline_max_ms=0)
+    d = config_dict(max_wait_ms=0, max_batch_size=1)
     d["tiers"]["flex"].update(latency_target_ms=300)
     async with running_app(parse_config(d), engine=engine) as (client, app, _):
         app.state.runtime.batcher.latency.observe(1.0, 100, 50.0)  # calibrate: the fake is 5x the table
@@ -190,7 +187,7 @@ async def test_degrading_tier_answers_lower_budgets_instead_of_503() -> None:
 async def test_503_when_even_min_budget_cannot_make_the_target() -> None:
     engine = FakeEngine(per_token_s=0.0005, bench=BENCH, max_length=512)
     engine.gate.clear()
-    d = config_dict(max_wait_ms=0, max_batch_size=1, inline_max_ms=0)
+    d = config_dict(max_wait_ms=0, max_batch_size=1)
     d["tiers"]["flex"].update(latency_target_ms=50)
     async with running_app(parse_config(d), engine=engine) as (client, app, _):
         app.state.runtime.batcher.latency.observe(0.1, 100, 9.5)
@@ -211,7 +208,7 @@ async def test_503_when_even_min_budget_cannot_make_the_target() -> None:
 async def test_queue_timeout_is_503() -> None:
     engine = FakeEngine()
     engine.gate.clear()
-    async with running_app(make_config(request_timeout_s=0.2, max_wait_ms=0, inline_max_ms=0), engine=engine) as (client, _, _):
+    async with running_app(make_config(request_timeout_s=0.2, max_wait_ms=0), engine=engine) as (client, _, _):
         blocker = asyncio.create_task(client.post("/classify", json={"text": "b"}, headers=headers()))
         await asyncio.sleep(0.05)
         late = asyncio.create_task(client.post("/classify?budget=0.25", json={"text": "late"}, headers=headers()))
@@ -250,7 +247,7 @@ async def test_engine_errors_map_to_http() -> None:
 
 async def test_shutdown_finishes_queued_requests() -> None:
     engine = FakeEngine(delay_s=0.05)
-    config = make_config(max_wait_ms=0, max_batch_size=1, inline_max_ms=0)  # one batch running, the rest queued
+    config = make_config(max_wait_ms=0, max_batch_size=1)  # one batch running, the rest queued
     from headbudget.service.app import create_app
 
     app = create_app(config, lambda: engine)

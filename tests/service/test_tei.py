@@ -293,9 +293,7 @@ async def test_overload_and_failures_in_tei_shape() -> None:
     """Over the rate and a full queue: 429 `Overloaded` with Retry-After (TEI's status for an overloaded model,
     where /classify answers a full queue with 503); an engine failure: 424 `Backend`; draining: 503
     `Unhealthy` from /health and /predict."""
-    # no inline runs (an idle server runs a lone request on the event loop's thread): the held batch must sit
-    # on the engine thread for the queue to fill behind it
-    d = config_dict(queue_size=64, inline_max_ms=0)
+    d = config_dict(queue_size=64)
     d["tiers"]["cheap"].update(rate_limit=60, burst=2)
     d["tiers"]["quality"]["max_queue"] = 1
     engine = FailingEngine()
