@@ -37,6 +37,7 @@ from headbudget.engine import onnx_graph as G
 from headbudget.engine.base import EngineBase
 from headbudget.engine.errors import ModelLoadError
 from headbudget.engine.graph_cache import GraphCache, cache_key
+from headbudget.engine.ort_fast import Runner
 from headbudget.engine.types import EngineOptions, ModelInfo
 from headbudget.engine.weights import (
     Arrays,
@@ -84,7 +85,7 @@ class OnnxEngine(EngineBase):
         self.store = store
         self._slices: dict[str, np.ndarray] = {}  # int8 Q/K/V column slices shared by sessions
         self._values: dict[str, ort.OrtValue] = {}  # one OrtValue per initializer name; must outlive sessions
-        self._sessions: dict[Any, ort.InferenceSession] = {}
+        self._sessions: dict[Any, Runner] = {}
         self._counts: dict[float, tuple[int, ...]] = {}
         self._run_options = ort.RunOptions()
         self._feeds: dict[tuple[int, ...], dict[str, Any]] = {}
@@ -97,8 +98,8 @@ class OnnxEngine(EngineBase):
 
     # -- sessions ---------------------------------------------------------------------------------------
     def _session(self, key: Any, name: str, arrays: Arrays, build: Callable[[], onnx.ModelProto],
-                 prepack: bool) -> Any:
-        """The C-level session for ``key`` (created on first use); the Python wrapper's checks cost ~20 us/run."""
+                 prepack: bool) -> Runner:
+        """The session for ``key`` (created on first use), behind the fast-path seam of ``ort_fast``."""
         sess = self._sessions.get(key)
         if sess is None:
             so = ort.SessionOptions()
@@ -117,27 +118,26 @@ class OnnxEngine(EngineBase):
                 sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
             except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
                 raise ModelLoadError(f"building ONNX graph {name} for {self.model_dir} failed: {e}") from e
-            self._sessions[key] = sess
-        return sess._sess
+            sess = self._sessions[key] = Runner(sess, self._logits)
+        return sess
 
-    def _whole(self, counts: tuple[int, ...]) -> Any:
+    def _whole(self, counts: tuple[int, ...]) -> Runner:
         c, p = self.cfg, self.precision
         arrays = G.bind(self.store, c, counts, p, self._slices)
         name = "whole-" + "-".join(map(str, counts))
         return self._session(counts, name, arrays, lambda: G.build_graph(c, counts, p, arrays), prepack=False)
 
-    def _dynamic(self, counts: tuple[int, ...]) -> tuple[Any, dict[str, Any]]:
+    def _dynamic(self, counts: tuple[int, ...]) -> tuple[Runner, dict[str, Any]]:
         """The one all-budget session and the per-call attention inputs for ``counts`` (both cached)."""
         c, p = self.cfg, self.precision
+        if self._dyn is None:
+            init = G.dynamic_arrays(self.store, c, p, self._slices)
+            self._dyn = self._session("dynamic", "dynamic", init, lambda: G.build_dynamic(c, p, init), prepack=True)
         feeds = self._feeds.get(counts)
         if feeds is None:
             arrays = G.dynamic_feeds(self.store, c, counts, p, self._slices)
             self._keep.extend(arrays.values())
-            feeds = self._feeds[counts] = {n: ort.OrtValue.ortvalue_from_numpy(a)._get_c_value()
-                                           for n, a in arrays.items()}
-        if self._dyn is None:
-            init = G.dynamic_arrays(self.store, c, p, self._slices)
-            self._dyn = self._session("dynamic", "dynamic", init, lambda: G.build_dynamic(c, p, init), prepack=True)
+            feeds = self._feeds[counts] = {n: self._dyn.value(a) for n, a in arrays.items()}
         return self._dyn, feeds
 
     # -- EngineBase -------------------------------------------------------------------------------------
@@ -152,26 +152,22 @@ class OnnxEngine(EngineBase):
         ro = self._run_options
         if self.layout == "whole":
             feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
-            return self._whole(counts).run(["logits"], feeds, ro)[0]  # type: ignore[no-any-return]
+            whole = self._whole(counts)
+            return whole.run({"input_ids": whole.value(input_ids), "attention_mask": whole.value(attention_mask)}, ro)
         sess, feeds = self._dynamic(counts)
         # The cached feed dict is reused in place (an engine is single-threaded): no per-call dict copy.
-        feeds["input_ids"] = ort.OrtValue.ortvalue_from_numpy(input_ids)._get_c_value()
-        feeds["attention_mask"] = ort.OrtValue.ortvalue_from_numpy(attention_mask)._get_c_value()
-        return sess.run_with_ort_values(feeds, self._logits, ro)[0].numpy()  # type: ignore[no-any-return]
+        feeds["input_ids"], feeds["attention_mask"] = sess.value(input_ids), sess.value(attention_mask)
+        return sess.run(feeds, ro)
 
     def bare_run(self, input_ids: np.ndarray, attention_mask: np.ndarray, budget: float) -> object:
         """The session run alone, feeds prepared outside the timing path (the benchmark's overhead split)."""
         counts = self.layer_counts(budget)
-        if self.layout == "whole":
-            return self._whole(counts).run(self._logits, {"input_ids": input_ids, "attention_mask": attention_mask},
-                                           self._run_options)
-        sess, feeds = self._dynamic(counts)
+        sess, feeds = (self._whole(counts), {}) if self.layout == "whole" else self._dynamic(counts)
         key = (id(input_ids), id(attention_mask))
         if self._bare_key != key:  # wrap once per input pair, as the timing loop reuses the same arrays
-            self._bare_key, self._bare = key, (ort.OrtValue.ortvalue_from_numpy(input_ids),
-                                               ort.OrtValue.ortvalue_from_numpy(attention_mask))
-        feeds["input_ids"], feeds["attention_mask"] = (v._get_c_value() for v in self._bare)
-        return sess.run_with_ort_values(feeds, self._logits, self._run_options)
+            self._bare_key, self._bare = key, (sess.value(input_ids), sess.value(attention_mask))
+        feeds["input_ids"], feeds["attention_mask"] = self._bare
+        return sess.run(feeds, self._run_options)
 
     def warmup(self) -> None:
         """Create every session the 19-budget grid needs and run each once on a short input."""
