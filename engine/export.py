@@ -1,0 +1,123 @@
+"""One budget of a checkpoint as a standalone ONNX model: only the kept heads, every weight inside the file.
+
+The graph is the engine's own whole-model graph for the budget's per-layer head counts (``build_graph``), with
+the weight store's arrays for exactly those heads (``bind``: per-layer head prefixes) written as real
+initializers instead of the in-memory placeholders the engine's sessions use. So the file computes what the
+engine computes at that budget, and plain ONNX Runtime runs it with no headbudget code: it uses standard ops
+and ONNX Runtime's com.microsoft contrib ops (FusedMatMul, Gelu; DynamicQuantizeMatMul in int8), which every
+ONNX Runtime build has. ``headbudget-export.json`` beside it says what a caller needs (inputs, labels, how
+texts are truncated).
+
+Example::
+
+    headbudget export --model checkpoints/ag_news-quick --budget 0.5 --format onnx --out exported/b05
+    python -c "import onnxruntime as ort; s = ort.InferenceSession('exported/b05/model.onnx'); print(s.get_inputs())"
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from headbudget.engine import onnx_graph as G
+from headbudget.engine.errors import EngineError
+from headbudget.engine.types import Precision
+from headbudget.engine.weights import (
+    HeadPlan,
+    checkpoint_config,
+    checkpoint_digest,
+    gate_params,
+    load_state,
+    pack,
+)
+from headbudget.models.budget import head_order
+from headbudget.models.tokenizer import TOKENIZER_FILES
+
+MODEL_FILE = "model.onnx"
+META_FILE = "headbudget-export.json"
+
+
+class ExportError(EngineError):
+    """A checkpoint, budget or output folder that cannot be exported; the message is one line."""
+
+
+@dataclass(frozen=True)
+class OnnxExport:
+    """What ``export_onnx`` wrote (also the content of headbudget-export.json, less the folder)."""
+
+    folder: str
+    budget: float
+    precision: str
+    heads_per_layer: tuple[int, ...]
+    heads_kept: int
+    heads_total: int
+    labels: tuple[str, ...]
+    max_length: int
+    pad_token_id: int
+    source_weights_sha256: str
+    size_bytes: int
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(f"{out}: exists and is not an empty folder")
+
+
+def standalone(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """``model`` with its placeholder initializers replaced by the arrays themselves (copies, contiguous)."""
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(numpy_helper.from_array(np.ascontiguousarray(a), name)
+                                   for name, a in sorted(arrays.items()))
+    return model
+
+
+def export_onnx(model_dir: Path, budget: float, out: Path, precision: Precision = "fp32") -> OnnxExport:
+    """Write ``out/model.onnx`` (the checkpoint at ``budget``, dropped heads removed) and its metadata."""
+    model_dir, out = Path(model_dir), Path(out)
+    if not 0.0 < budget <= 1.0:
+        raise ExportError(f"budget must be in (0, 1], got {budget}")
+    config, cfg = checkpoint_config(model_dir)
+    if cfg.model_type != "budgeted":
+        raise ExportError(f"{model_dir}: a {cfg.model_type} checkpoint chooses its heads per input, so no one "
+                          "graph holds a budget; only budgeted checkpoints export")
+    _check_out(out)
+    state = load_state(model_dir, cfg)
+    plan = HeadPlan(cfg, head_order(gate_params(state)))
+    counts = plan.layer_counts(budget)
+    arrays = G.bind(pack(state, cfg, plan.perms, precision), cfg, counts, precision, {})
+    model = standalone(G.build_graph(cfg, counts, precision, arrays), arrays)
+    model.producer_name = "headbudget-export"
+    # The engine's graphs leave the output's shape open; a standalone file states it (the checker wants one).
+    del model.graph.output[:]
+    model.graph.output.append(helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", cfg.n_labels]))
+    onnx.checker.check_model(model)
+    out.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(out / MODEL_FILE))
+    for name in TOKENIZER_FILES:
+        if (model_dir / name).is_file():
+            shutil.copyfile(model_dir / name, out / name)
+    record = OnnxExport(
+        folder=str(out), budget=budget, precision=precision, heads_per_layer=counts, heads_kept=sum(counts),
+        heads_total=cfg.total_heads, labels=cfg.labels, max_length=int(config.get("max_length", cfg.max_position)),
+        pad_token_id=cfg.pad_token_id, source_weights_sha256=checkpoint_digest(model_dir),
+        size_bytes=(out / MODEL_FILE).stat().st_size)
+    meta = {k: v for k, v in asdict(record).items() if k != "folder"}
+    meta |= {
+        "source": str(model_dir),
+        "inputs": [{"name": "input_ids", "dtype": "int64", "shape": ["batch", "sequence"]},
+                   {"name": "attention_mask", "dtype": "int32", "shape": ["batch", "sequence"],
+                    "note": "1 for tokens, 0 for padding (pad on the right)"}],
+        "outputs": [{"name": "logits", "dtype": "float32", "shape": ["batch", len(cfg.labels)],
+                     "note": "one column per label, in the order of labels"}],
+        "tokenizer": "tokenizer.json with its padding and truncation turned off (Tokenizer.no_padding(), "
+                     "no_truncation()); texts longer than max_length keep their first max_length - 1 tokens and "
+                     "the final special token, as the engine does",
+    }
+    (out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    return record

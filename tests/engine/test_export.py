@@ -1,0 +1,112 @@
+"""`headbudget export --format onnx`: a standalone file with only the kept heads that bare ONNX Runtime runs
+with the engine's logits (issue 18)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from headbudget.engine.factory import load_engine
+from headbudget.engine.types import EngineOptions
+from headbudget.engine.weights import HeadPlan, checkpoint_config, gate_params, load_state
+from headbudget.models.budget import head_order
+from tests.conftest import run_cli
+
+TEXTS = ["Stocks rallied on Wall Street as oil prices fell.", "New chip",
+         "The striker scored twice in the final minutes of the match against the league leaders."]
+
+# Runs in a fresh interpreter that may import only onnxruntime, numpy and tokenizers: what a user without
+# headbudget has. It pads on the right as headbudget-export.json says, and prints the logits as JSON.
+BARE = """
+import json, sys
+import numpy as np, onnxruntime as ort
+from tokenizers import Tokenizer
+folder, texts = sys.argv[1], json.loads(sys.argv[2])
+meta = json.load(open(f"{folder}/headbudget-export.json"))
+tok = Tokenizer.from_file(f"{folder}/tokenizer.json")
+tok.no_padding(); tok.no_truncation()
+rows = [e.ids for e in tok.encode_batch(texts)]
+n = max(map(len, rows))
+ids = np.full((len(rows), n), meta["pad_token_id"], np.int64)
+mask = np.zeros((len(rows), n), np.int32)
+for i, r in enumerate(rows):
+    ids[i, :len(r)], mask[i, :len(r)] = r, 1
+so = ort.SessionOptions(); so.intra_op_num_threads = 1
+sess = ort.InferenceSession(f"{folder}/model.onnx", so, providers=["CPUExecutionProvider"])
+logits = sess.run(["logits"], {"input_ids": ids, "attention_mask": mask})[0]
+assert not [m for m in sys.modules if m.startswith("headbudget")]
+print(json.dumps(logits.tolist()))
+"""
+
+
+def bare_logits(folder: Path) -> np.ndarray:
+    proc = subprocess.run([sys.executable, "-c", BARE, str(folder), json.dumps(TEXTS)], capture_output=True,
+                          text=True, timeout=120, cwd=folder)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return np.array(json.loads(proc.stdout))
+
+
+def engine_logits(checkpoint: Path, budget: float, precision: str, cache: Path) -> np.ndarray:
+    engine = load_engine(checkpoint, EngineOptions(precision=precision, cache_dir=cache))  # type: ignore[arg-type]
+    try:
+        return np.array([p.logits for p in engine.predict(TEXTS, budget).predictions])
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("budget, precision", [(0.5, "fp32"), (1.0, "fp32"), (0.5, "int8"), (0.25, "int8")])
+def test_bare_onnxruntime_gives_the_engines_logits(minilm_shaped_checkpoint: Path, tmp_path: Path, budget: float,
+                                                   precision: str) -> None:
+    out = tmp_path / "export"
+    proc = run_cli("export", "--model", str(minilm_shaped_checkpoint), "--budget", str(budget),
+                   "--precision", precision, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    np.testing.assert_allclose(bare_logits(out), engine_logits(minilm_shaped_checkpoint, budget, precision,
+                                                                tmp_path / "cache"), atol=1e-4, rtol=0)
+
+
+def test_only_the_kept_heads_are_in_the_file(minilm_shaped_checkpoint: Path, tmp_path: Path) -> None:
+    for b in (0.5, 1.0):
+        assert run_cli("export", "--model", str(minilm_shaped_checkpoint), "--budget", str(b),
+                       "--out", str(tmp_path / str(b))).returncode == 0
+    _, cfg = checkpoint_config(minilm_shaped_checkpoint)
+    counts = HeadPlan(cfg, head_order(gate_params(load_state(minilm_shaped_checkpoint, cfg)))).layer_counts(0.5)
+    meta = json.loads((tmp_path / "0.5" / "headbudget-export.json").read_text())
+    assert tuple(meta["heads_per_layer"]) == counts and meta["heads_kept"] == sum(counts) < cfg.total_heads
+    half = {t.name: tuple(t.dims) for t in onnx.load(str(tmp_path / "0.5" / "model.onnx")).graph.initializer}
+    full = {t.name: tuple(t.dims) for t in onnx.load(str(tmp_path / "1.0" / "model.onnx")).graph.initializer}
+    dh = cfg.head_dim
+    for layer, k in enumerate(counts):  # Q/K/V rows and W_O rows of exactly the kept heads, or none at all
+        wqkv = [shape for name, shape in half.items() if name.startswith(f"l{layer}.wqkv")]
+        assert wqkv == ([(3 * k * dh, cfg.hidden_size)] if k else [])
+    assert sum(np.prod(s) for s in half.values()) < sum(np.prod(s) for s in full.values())
+    assert (tmp_path / "0.5" / "model.onnx").stat().st_size < (tmp_path / "1.0" / "model.onnx").stat().st_size
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--budget", "0"], "budget must be above 0"),
+    (["--budget", "1.5"], "budget must be a number in [0, 1]"),
+    (["--budget", "0.5", "--format", "hf"], "holds the dense model only"),
+    (["--format", "hf", "--precision", "int8"], "--precision applies to --format onnx"),
+])
+def test_bad_requests_are_one_line(tiny_checkpoint: Path, tmp_path: Path, args: list[str], message: str) -> None:
+    proc = run_cli("export", "--model", str(tiny_checkpoint), "--out", str(tmp_path / "x"), *args)
+    assert proc.returncode == 2 and message in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and not (tmp_path / "x").exists()
+
+
+def test_folder_errors_are_one_line(tiny_checkpoint: Path, budgetformer_smoke: Path, tmp_path: Path) -> None:
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "file").write_text("x")
+    for args, message in ((["--model", str(tiny_checkpoint), "--out", str(tmp_path / "taken")], "not an empty folder"),
+                          (["--model", str(tmp_path / "missing"), "--out", str(tmp_path / "o")], "does not exist"),
+                          (["--model", str(budgetformer_smoke), "--out", str(tmp_path / "o")], "only budgeted")):
+        proc = run_cli("export", "--budget", "0.5", *args)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert proc.stderr.strip().count("\n") == 0
