@@ -37,13 +37,14 @@ from headbudget.engine.adaptive_cost import (
 )
 from headbudget.engine.base import EngineBase, check_budget, check_texts, softmax
 from headbudget.engine.errors import ModelLoadError
-from headbudget.engine.types import BatchResult, EngineOptions, ModelInfo, Prediction
+from headbudget.engine.types import BatchResult, EngineOptions, ExecutionPlan, ModelInfo, Prediction
 from headbudget.models.adaattention import reduced_dims
 from headbudget.models.adaptive import AdaptiveAttention, AdaptiveClassifier
 from headbudget.models.budgetformer import budget_cap_heads
 from headbudget.models.checkpoint import load_checkpoint
 from headbudget.models.checkpoint_meta import CheckpointError
 from headbudget.models.encoder import EncoderLayer
+from headbudget.models.plan import uniform_plan
 from headbudget.models.span import SpanAttention, span_window
 
 log = logging.getLogger(__name__)
@@ -164,19 +165,15 @@ class AdaptiveEngine(EngineBase):
         """k_cap per layer for BudgetFormer (budget 1.0 = H = no cap); H for the other types."""
         return budget_cap_heads(budget, self.n_heads) if self.kind == "budgetformer" else self.n_heads
 
-    def mask_key(self, budget: float) -> int:
-        """BudgetFormer: k_cap, so requests with one cap share a batch. Span and AdaAttention run their learned
-        configuration at every budget (the budget is not used), so every request can share a batch: 0."""
-        b = check_budget(budget)
-        return self.cap(b) if self.kind == "budgetformer" else 0
+    def make_plan(self, budget: float) -> ExecutionPlan:
+        """The cap, as every layer's head count: BudgetFormer's k_cap, so requests with one cap share a batch;
+        span and AdaAttention run their learned configuration at every budget, so every request can share one
+        (all heads). What each input ran is in its Prediction's cost."""
+        return uniform_plan(self.cfg, self.cap(budget))
 
-    def layer_counts(self, budget: float) -> tuple[int, ...]:
-        """Upper bound of heads per layer (the cap); what each input ran is in its Prediction's cost."""
-        return (self.cap(budget),) * self.cfg.n_layers
-
-    def forward_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray, budget: float) -> np.ndarray:
+    def forward_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray, plan: ExecutionPlan) -> np.ndarray:
         rows = [input_ids[i][attention_mask[i] != 0] for i in range(len(input_ids))]
-        logits, _ = self.run_rows(rows, self.cap(budget))
+        logits, _ = self.run_rows(rows, plan.heads[0])
         out: np.ndarray = logits.numpy()  # (B, C)
         return out
 

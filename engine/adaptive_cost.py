@@ -1,6 +1,6 @@
 """Multiply-add accounting for the adaptive model types, head by head, at what the fast path really computes.
 
-The budgeted type's count (engine/cost.py) assumes every active head is full width and sees every key. The
+The budgeted type's count (models/plan.py) assumes every active head is full width and sees every key. The
 adaptive types break both: AdaAttention runs a head at d' < d_h dimensions, adaptive span lets each query see
 only its window. So a head is counted by its width d' and by the keys per query its kernel multiplies:
     head = 3·n·D·d' (its Q/K/V rows) + 2·n·keys·d' (scores and values) + n·d'·D (its W_O columns)
@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from headbudget.engine.cost import Shape, attention_macs, ffn_macs
 from headbudget.engine.types import Cost
 from headbudget.models.config import ModelConfig
+from headbudget.models.plan import Shape, attention_macs, ffn_macs
 
 
 def head_macs(hidden: int, n_tokens: int, width: int, pairs: int) -> int:

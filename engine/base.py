@@ -9,11 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from headbudget.engine.cost import Shape, forward_cost
 from headbudget.engine.errors import BudgetError, InputError, ModelLoadError
-from headbudget.engine.types import BatchResult, Cost, EngineOptions, ModelInfo, Prediction
-from headbudget.models.budget import n_kept
+from headbudget.engine.types import BatchResult, EngineOptions, ExecutionPlan, ModelInfo, Prediction
 from headbudget.models.config import ModelConfig
+from headbudget.models.plan import Shape
 from headbudget.models.tokenizer import TextEncoder
 
 
@@ -59,7 +58,7 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 
 class EngineBase:
-    """Tokenization, budgets and answers; a backend implements ``layer_counts`` and ``forward_ids``."""
+    """Tokenization, budgets and answers; a backend implements ``make_plan`` and ``forward_ids``."""
 
     cfg: ModelConfig
     info: ModelInfo
@@ -75,23 +74,24 @@ class EngineBase:
             raise ModelLoadError(f"{model_dir}: tokenizer unusable ({e})") from e
         self.max_length = max_length
         self.shape = Shape.of(cfg)
+        self._plans: dict[float, ExecutionPlan] = {}
 
     # -- to implement ----------------------------------------------------------------------------------
-    def layer_counts(self, budget: float) -> tuple[int, ...]:
-        """Heads kept per layer at ``budget`` (already validated)."""
+    def make_plan(self, budget: float) -> ExecutionPlan:
+        """The plan ``budget`` (already validated) turns into for this checkpoint."""
         raise NotImplementedError
 
-    def forward_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray, budget: float) -> np.ndarray:
-        """Logits (B, C) float32 for padded int64 ids and int32 mask (B, N)."""
+    def forward_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray, plan: ExecutionPlan) -> np.ndarray:
+        """Logits (B, C) float32 for padded int64 ids and int32 mask (B, N), running ``plan``."""
         raise NotImplementedError
 
     # -- the Engine interface ---------------------------------------------------------------------------
-    def mask_key(self, budget: float) -> int:
-        c = self.cfg
-        return n_kept(check_budget(budget), c.n_layers, c.n_heads, c.gate.structural)
-
-    def heads_at(self, budget: float) -> int:
-        return sum(self.layer_counts(check_budget(budget)))
+    def plan(self, budget: float) -> ExecutionPlan:
+        b = check_budget(budget)
+        plan = self._plans.get(b)
+        if plan is None:
+            plan = self._plans[b] = self.make_plan(b)
+        return plan
 
     def count_tokens(self, texts: Sequence[str]) -> list[tuple[int, bool]]:
         enc = self.encoder.encode(check_texts(texts))
@@ -101,9 +101,9 @@ class EngineBase:
         b = check_budget(budget)
         enc = self.encoder.encode(check_texts(texts))
         ids, mask = pad(enc.ids, self.encoder.pad_id)
-        counts = self.layer_counts(b)
+        plan = self.plan(b)
         t0 = time.perf_counter()
-        logits = self.forward_ids(ids, mask, b)
+        logits = self.forward_ids(ids, mask, plan)
         latency = time.perf_counter() - t0
         probs = softmax(logits.astype(np.float64))
         labels = self.cfg.labels
@@ -113,10 +113,10 @@ class EngineBase:
             preds.append(Prediction(
                 label=labels[int(np.argmax(logits[i]))],
                 scores=dict(zip(labels, probs[i].tolist(), strict=True)),
-                logits=row, n_tokens=n, truncated=enc.truncated[i], cost=self.cost(counts, n),
+                logits=row, n_tokens=n, truncated=enc.truncated[i], cost=plan.cost(self.shape, n),
             ))
-        return BatchResult(predictions=preds, budget=b, heads_active=sum(counts),
-                           heads_total=self.cfg.total_heads, latency_s=latency)
+        return BatchResult(predictions=preds, budget=b, heads_active=plan.heads_active,
+                           heads_total=plan.heads_total, latency_s=latency)
 
     def predict_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray, budget: float) -> np.ndarray:
         """Logits (B, C) for pre-tokenized, padded inputs (evaluation and the benchmark)."""
@@ -127,10 +127,7 @@ class EngineBase:
             raise InputError(f"input_ids and attention_mask must be equal non-empty (B, N), got {ids.shape}, {mask.shape}")
         if ids.shape[1] > self.max_length:
             raise InputError(f"sequence length {ids.shape[1]} exceeds max_length {self.max_length}")
-        return self.forward_ids(ids, mask, b)
-
-    def cost(self, counts: Sequence[int], n_tokens: int) -> Cost:
-        return forward_cost(self.shape, counts, n_tokens)
+        return self.forward_ids(ids, mask, self.plan(b))
 
     def warmup(self) -> None:
         pass

@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 
 from headbudget.engine.base import pad
-from headbudget.engine.cost import flop_bound_speedup
 from headbudget.engine.types import EngineOptions, Precision
 
 log = logging.getLogger(__name__)
@@ -192,10 +191,11 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     rows = []
     for b in BENCH_BUDGETS:
         med = _ms(times[f"engine@{b}"], 0.5)
-        rows.append({"budget": b, "heads_active": engine.mask_key(b), "latency_ms": med,
+        plan = engine.plan(b)
+        rows.append({"budget": b, "heads_active": plan.heads_active, "latency_ms": med,
                      "p90_ms": _ms(times[f"engine@{b}"], 0.9), "speedup_vs_b1": round(b1 / med, 3),
                      "speedup_vs_ort_dense": round(ort_dense / med, 3),
-                     "flop_bound_speedup": round(flop_bound_speedup(engine.shape, engine.layer_counts(b), n_cost), 3)})
+                     "flop_bound_speedup": round(plan.flop_bound_speedup(engine.shape, n_cost), 3)})
     result: dict[str, Any] = {
         "model": engine.info.name, "seq_len": cfg.seq_len if cfg.data is None else "data",
         "median_tokens": n_cost, "batch_size": cfg.batch_size, "threads": cfg.threads,

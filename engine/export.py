@@ -29,7 +29,6 @@ from headbudget.engine import onnx_graph as G
 from headbudget.engine.errors import EngineError
 from headbudget.engine.types import Precision
 from headbudget.engine.weights import (
-    HeadPlan,
     checkpoint_config,
     checkpoint_digest,
     gate_params,
@@ -37,6 +36,7 @@ from headbudget.engine.weights import (
     pack,
 )
 from headbudget.models.budget import head_order
+from headbudget.models.plan import BudgetPolicy
 from headbudget.models.tokenizer import TOKENIZER_FILES
 
 MODEL_FILE = "model.onnx"
@@ -88,9 +88,9 @@ def export_onnx(model_dir: Path, budget: float, out: Path, precision: Precision 
                           "graph holds a budget; only budgeted checkpoints export")
     _check_out(out)
     state = load_state(model_dir, cfg)
-    plan = HeadPlan(cfg, head_order(gate_params(state)))
-    counts = plan.layer_counts(budget)
-    arrays = G.bind(pack(state, cfg, plan.perms, precision), cfg, counts, precision, {})
+    policy = BudgetPolicy(cfg, head_order(gate_params(state)))
+    counts = policy.plan(budget).heads
+    arrays = G.bind(pack(state, cfg, policy.perms, precision), cfg, counts, precision, {})
     model = standalone(G.build_graph(cfg, counts, precision, arrays), arrays)
     model.producer_name = "headbudget-export"
     # The engine's graphs leave the output's shape open; a standalone file states it (the checker wants one).

@@ -38,16 +38,10 @@ from headbudget.engine.base import EngineBase
 from headbudget.engine.errors import ModelLoadError
 from headbudget.engine.graph_cache import GraphCache, cache_key
 from headbudget.engine.ort_fast import Runner
-from headbudget.engine.types import EngineOptions, ModelInfo
-from headbudget.engine.weights import (
-    Arrays,
-    HeadPlan,
-    checkpoint_config,
-    gate_params,
-    load_state,
-    pack,
-)
+from headbudget.engine.types import EngineOptions, ExecutionPlan, ModelInfo
+from headbudget.engine.weights import Arrays, checkpoint_config, gate_params, load_state, pack
 from headbudget.models.budget import BUDGET_GRID, head_order
+from headbudget.models.plan import BudgetPolicy
 
 log = logging.getLogger(__name__)
 _ENV_ARENA = False
@@ -77,16 +71,15 @@ class OnnxEngine(EngineBase):
         if store is None:
             state = load_state(Path(model_dir), cfg)
             order = head_order(gate_params(state))
-            store = pack(state, cfg, HeadPlan(cfg, order).perms, self.precision)
+            store = pack(state, cfg, BudgetPolicy(cfg, order).perms, self.precision)
             store["order"] = order
             self.cache.save_store(store, {"checksum": info.checksum, "precision": self.precision,
                                           "layout": self.layout, "builder": G.BUILDER_VERSION})
-        self.plan = HeadPlan(cfg, store.pop("order").astype(np.int64))
+        self.policy = BudgetPolicy(cfg, store.pop("order").astype(np.int64))
         self.store = store
         self._slices: dict[str, np.ndarray] = {}  # int8 Q/K/V column slices shared by sessions
         self._values: dict[str, ort.OrtValue] = {}  # one OrtValue per initializer name; must outlive sessions
         self._sessions: dict[Any, Runner] = {}
-        self._counts: dict[float, tuple[int, ...]] = {}
         self._run_options = ort.RunOptions()
         self._feeds: dict[tuple[int, ...], dict[str, Any]] = {}
         self._keep: list[np.ndarray] = []  # arrays behind cached feed OrtValues
@@ -141,14 +134,11 @@ class OnnxEngine(EngineBase):
         return self._dyn, feeds
 
     # -- EngineBase -------------------------------------------------------------------------------------
-    def layer_counts(self, budget: float) -> tuple[int, ...]:
-        counts = self._counts.get(budget)
-        if counts is None:
-            counts = self._counts[budget] = self.plan.layer_counts(budget)
-        return counts
+    def make_plan(self, budget: float) -> ExecutionPlan:
+        return self.policy.plan(budget)
 
-    def forward_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray, budget: float) -> np.ndarray:
-        counts = self.layer_counts(budget)
+    def forward_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray, plan: ExecutionPlan) -> np.ndarray:
+        counts = plan.heads
         ro = self._run_options
         if self.layout == "whole":
             feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
@@ -161,7 +151,7 @@ class OnnxEngine(EngineBase):
 
     def bare_run(self, input_ids: np.ndarray, attention_mask: np.ndarray, budget: float) -> object:
         """The session run alone, feeds prepared outside the timing path (the benchmark's overhead split)."""
-        counts = self.layer_counts(budget)
+        counts = self.plan(budget).heads
         sess, feeds = (self._whole(counts), {}) if self.layout == "whole" else self._dynamic(counts)
         key = (id(input_ids), id(attention_mask))
         if self._bare_key != key:  # wrap once per input pair, as the timing loop reuses the same arrays
@@ -174,7 +164,7 @@ class OnnxEngine(EngineBase):
         ids = np.full((1, 8), 101, dtype=np.int64)
         mask = np.ones((1, 8), dtype=np.int32)
         for b in BUDGET_GRID:
-            self.forward_ids(ids, mask, b)
+            self.forward_ids(ids, mask, self.plan(b))
 
     def close(self) -> None:
         self._dyn = None

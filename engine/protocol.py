@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from headbudget.engine.types import BatchResult, ModelInfo
+from headbudget.engine.types import BatchResult, ExecutionPlan, ModelInfo
 
 
 class Engine(Protocol):
@@ -13,16 +13,12 @@ class Engine(Protocol):
 
     info: ModelInfo
 
-    def mask_key(self, budget: float) -> int:
-        """An id of the head mask ``budget`` selects; requests with equal keys can share a batch.
+    def plan(self, budget: float) -> ExecutionPlan:
+        """What a forward pass at ``budget`` runs (BudgetError if ``budget`` is not a number in [0, 1]).
 
-        Kept-head sets are nested and determined by k = round(b * L * H), so the key is k.
+        Requests whose plans share a ``key`` can share a batch. For a type that picks its own heads per input
+        the plan is the cap; each answer's cost says what that input really ran.
         """
-        ...
-
-    def heads_at(self, budget: float) -> int:
-        """The most heads one input may run at ``budget``: exactly those it runs for the budgeted type, the
-        cap for a type that picks its own heads (each answer's cost says what it really ran)."""
         ...
 
     def count_tokens(self, texts: Sequence[str]) -> list[tuple[int, bool]]:

@@ -6,6 +6,7 @@ match, not a fast path. One intra-op thread (torch's setting is process-wide, so
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ import torch
 
 from headbudget.engine.base import EngineBase
 from headbudget.engine.errors import ModelLoadError
-from headbudget.engine.types import EngineOptions, ModelInfo
+from headbudget.engine.types import EngineOptions, ExecutionPlan, ModelInfo
 from headbudget.models.checkpoint import load_checkpoint
 from headbudget.models.checkpoint_meta import CheckpointError
 
@@ -31,18 +32,16 @@ class TorchEngine(EngineBase):
         super().__init__(model_dir, self.model.cfg, options)
         torch.set_num_threads(options.threads)
         self.info = info
-        self._masks: dict[float, np.ndarray] = {}
+        self._masks: dict[Hashable, np.ndarray] = {}
 
-    def _mask(self, budget: float) -> np.ndarray:
-        if budget not in self._masks:
-            self._masks[budget] = self.model.gates.hard_mask(budget)  # (L, H) bool
-        return self._masks[budget]
+    def make_plan(self, budget: float) -> ExecutionPlan:
+        mask = self.model.gates.hard_mask(budget)  # (L, H) bool
+        plan = ExecutionPlan(heads=tuple(int(x) for x in mask.sum(axis=1)), n_heads=self.cfg.n_heads)
+        self._masks[plan.key] = mask  # the executor's form of the plan: nested masks, so the counts fix the mask
+        return plan
 
-    def layer_counts(self, budget: float) -> tuple[int, ...]:
-        return tuple(int(x) for x in self._mask(budget).sum(axis=1))
-
-    def forward_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray, budget: float) -> np.ndarray:
-        gate = torch.as_tensor(self._mask(budget), dtype=torch.float32)  # (L, H)
+    def forward_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray, plan: ExecutionPlan) -> np.ndarray:
+        gate = torch.as_tensor(self._masks[plan.key], dtype=torch.float32)  # (L, H)
         with torch.inference_mode():
             logits = self.model(torch.from_numpy(input_ids), torch.from_numpy(attention_mask.astype(np.int64)), gate)
         out: np.ndarray = logits.numpy()  # (B, C)

@@ -6,6 +6,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from headbudget.models.plan import Cost, ExecutionPlan  # re-exported: the engine interface speaks plans
+
+__all__ = ["Backend", "BatchResult", "Cost", "EngineOptions", "ExecutionPlan", "ModelInfo", "Precision", "Prediction"]
+
 Backend = Literal["onnxruntime", "torch"]
 Precision = Literal["fp32", "int8"]
 
@@ -22,27 +26,6 @@ class EngineOptions:
     # matmuls, ~+40 MB on MiniLM); off, every matmul packs its weights on every call (10-25% slower).
     prepack: bool = True
     cache_dir: Path | None = None  # where built ONNX graphs go; None = <checkpoint>/onnx
-
-
-@dataclass(frozen=True)
-class Cost:
-    """What one forward pass of one text cost, at its real (unpadded) length."""
-
-    heads_active: int
-    heads_total: int
-    attention_macs: int  # Q/K/V/O projections + score and value products of active heads
-    attention_macs_dense: int  # the same with every head active
-    total_macs: int  # whole forward pass (attention + feed-forward + classifier)
-    total_macs_dense: int
-
-    @property
-    def attention_ratio(self) -> float:
-        """Fraction of the dense attention multiply-adds spent (the ``cost`` the service reports)."""
-        return self.attention_macs / self.attention_macs_dense if self.attention_macs_dense else 0.0
-
-    @property
-    def attention_saved(self) -> int:
-        return self.attention_macs_dense - self.attention_macs
 
 
 @dataclass(frozen=True)

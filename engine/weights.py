@@ -22,7 +22,7 @@ import numpy as np
 
 from headbudget.engine.errors import ModelLoadError
 from headbudget.engine.types import Precision
-from headbudget.models.budget import GateParams, head_mask, layer_head_orders
+from headbudget.models.budget import GateParams
 from headbudget.models.checkpoint_meta import (
     CONFIG,
     WEIGHTS,
@@ -104,28 +104,6 @@ def gate_params(state: Arrays) -> GateParams:
     raw = state["gates.raw_beta"].astype(np.float64)
     beta = np.where(raw > 20.0, raw, np.log1p(np.exp(np.minimum(raw, 20.0))))
     return GateParams(a=state["gates.logit"].astype(np.float64), beta=beta)
-
-
-class HeadPlan:
-    """Which heads a budget keeps, as per-layer counts over a per-layer head permutation."""
-
-    def __init__(self, cfg: ModelConfig, order: np.ndarray) -> None:
-        self.cfg = cfg
-        self.order = order  # flat head ranking, (L*H,)
-        self.perms = layer_head_orders(order, cfg.n_layers, cfg.n_heads)  # (L, H)
-
-    def mask(self, budget: float) -> np.ndarray:
-        c = self.cfg
-        return head_mask(self.order, budget, c.n_layers, c.n_heads, c.gate.structural)  # (L, H) bool
-
-    def layer_counts(self, budget: float) -> tuple[int, ...]:
-        """Heads kept per layer; they are the first counts[l] entries of perms[l] (checked)."""
-        mask = self.mask(budget)
-        counts = tuple(int(x) for x in mask.sum(axis=1))
-        for layer, k in enumerate(counts):
-            if not mask[layer, self.perms[layer, :k]].all():  # nestedness is what makes slices prefixes
-                raise AssertionError(f"layer {layer}: kept heads are not a prefix of the head order")
-        return counts
 
 
 def quantize_columns(w_kn: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

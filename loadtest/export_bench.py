@@ -44,14 +44,15 @@ def compare(model: Path, budget: float, precision: str, inputs: list[tuple[np.nd
         rec = export_onnx(model, budget, Path(tmp) / "export", precision)  # type: ignore[arg-type]
         sess = _session(Path(tmp) / "export" / MODEL_FILE)
         feeds = [{"input_ids": ids, "attention_mask": mask} for ids, mask in inputs]
-        diff = max(float(np.abs(engine.forward_ids(ids, mask, budget) - sess.run(["logits"], f)[0]).max())
+        plan = engine.plan(budget)
+        diff = max(float(np.abs(engine.forward_ids(ids, mask, plan) - sess.run(["logits"], f)[0]).max())
                    for (ids, mask), f in zip(inputs, feeds, strict=True))
         engine_ms: list[float] = []
         export_ms: list[float] = []
         for _ in range(rounds):
             t0 = time.perf_counter()
             for ids, mask in inputs:
-                engine.forward_ids(ids, mask, budget)
+                engine.forward_ids(ids, mask, plan)
             t1 = time.perf_counter()
             for f in feeds:
                 sess.run(["logits"], f)

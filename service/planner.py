@@ -65,7 +65,7 @@ class Planner:
         if level is None or not job.tier.degrades:
             return want
         budget = min(want, max(level, job.tier.floor_budget))
-        return want if self._engine.mask_key(budget) == self._engine.mask_key(want) else budget
+        return want if self._engine.plan(budget).key == self._engine.plan(want).key else budget
 
     def _meets_targets(self, jobs: Sequence[Job], wants: dict[int, float], level: float, now: float) -> bool:
         elapsed = 0.0
@@ -100,12 +100,12 @@ class Planner:
         level = self.degrade_level(jobs, wants, now)
         applied = {j.seq: self._effective(j, wants[j.seq], level) for j in jobs}
         head = jobs[0]
-        key = self._engine.mask_key(applied[head.seq])
+        key = self._engine.plan(applied[head.seq]).key
         batch, n_texts = [head], len(head.texts)
         for job in jobs[1:]:
             if n_texts + len(job.texts) > max_batch:
                 continue
-            if self._engine.mask_key(applied[job.seq]) == key:
+            if self._engine.plan(applied[job.seq]).key == key:
                 batch.append(job)
                 n_texts += len(job.texts)
         return batch, applied, wants

@@ -46,7 +46,7 @@ class Runtime:
         self.metrics.supports_auto = info.supports_auto
         assert self.batcher.planner is not None and self.batcher.engine is not None
         engine = self.batcher.engine
-        self.grid_heads = {b: engine.heads_at(b) for b in self.budget_grid()}
+        self.grid_heads = {b: engine.plan(b).heads_active for b in self.budget_grid()}
         sweep = self.info.sweep or {}
         points = [(float(p["budget"]), float(p["accuracy_hard"])) for p in sweep.get("points", [])
                   if isinstance(p, dict) and isinstance(p.get("budget"), int | float)

@@ -106,7 +106,7 @@ def test_budgetformer_heads_follow_the_model_and_the_cap(checkpoints: dict[str, 
         assert [p.cost.heads_active for p in result.predictions] == heads
         assert [p.budget_applied for p in result.predictions] == pytest.approx([h / total for h in heads])
         assert result.heads_active == round(sum(heads) / len(heads)) and result.heads_total == total
-        assert engine.mask_key(b) == budget_cap_heads(b, engine.info.n_heads)
+        assert engine.plan(b).heads == (budget_cap_heads(b, engine.info.n_heads),) * engine.cfg.n_layers
         assert max(usage["heads"].max().item(), 1) <= budget_cap_heads(b, engine.info.n_heads)
         if previous is not None:
             assert all(h <= p for h, p in zip(heads, previous, strict=True))
@@ -133,7 +133,7 @@ def test_span_cost_counts_the_windows(checkpoints: dict[str, Path]) -> None:
     assert long.n_tokens == 60 and long.cost.attention_macs < long.cost.attention_macs_dense
     assert long.cost.total_macs < long.cost.total_macs_dense and long.budget_applied < 1.0
     assert result.predictions[0].budget_applied == 1.0  # 4 tokens: every window covers the input
-    assert {engine.mask_key(b) for b in (0.1, 0.5, 1.0)} == {0}
+    assert {engine.plan(b).key for b in (0.1, 0.5, 1.0)} == {(engine.cfg.n_heads,) * engine.cfg.n_layers}  # one batch
 
 
 def test_adaattention_cost_counts_the_reduced_dims(checkpoints: dict[str, Path]) -> None:
@@ -149,7 +149,7 @@ def test_adaattention_cost_counts_the_reduced_dims(checkpoints: dict[str, Path])
         assert p.cost.attention_macs == expected < p.cost.attention_macs_dense
         assert p.budget_applied == pytest.approx(p.cost.attention_ratio) and p.budget_applied < 1.0
         assert p.cost.total_macs > p.cost.attention_macs  # FFN, classifier and the scorer on top
-    assert engine.mask_key(0.2) == 0
+    assert engine.plan(0.2).key == engine.plan(1.0).key  # the budget is not used: every request shares a batch
 
 
 @pytest.mark.parametrize("kind", ["span", "adaattention"])
@@ -187,7 +187,7 @@ def test_budgeted_type_is_unaffected(tiny_checkpoint: Path) -> None:
     assert isinstance(engine, TorchEngine)
     result = engine.predict(TEXTS, 0.5)
     assert all(p.budget_applied is None for p in result.predictions)
-    assert result.heads_active == engine.mask_key(0.5)
+    assert result.heads_active == engine.plan(0.5).heads_active
 
 
 def test_bench_lengths_and_cli(checkpoints: dict[str, Path], tiny_checkpoint: Path, tmp_path: Path,

@@ -74,7 +74,7 @@ def test_bad_budget_raises_budget_error(tiny_checkpoint: Path, tmp_path: Path, b
     with pytest.raises(BudgetError):
         engine.predict(["text"], budget)  # type: ignore[arg-type]
     with pytest.raises(BudgetError):
-        engine.mask_key(budget)  # type: ignore[arg-type]
+        engine.plan(budget)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("texts", [[], [""], ["ok", "  "], "a string", [3]])
@@ -110,7 +110,7 @@ def test_structural_checkpoint_keeps_a_head_per_layer(tmp_path: Path, tiny_check
     ids = np.array([[101, 2023, 2003, 1037, 3231, 102]], dtype=np.int64)
     mask = np.ones_like(ids, dtype=np.int32)
     for b in BUDGET_GRID:
-        counts = engine.layer_counts(b)  # type: ignore[attr-defined]
+        counts = engine.plan(b).heads
         assert min(counts) >= 1
         with torch.no_grad():
             ref = structural(torch.from_numpy(ids), torch.from_numpy(mask.astype(np.int64)), structural.hard_gates(b))

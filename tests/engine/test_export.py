@@ -14,8 +14,9 @@ import pytest
 
 from headbudget.engine.factory import load_engine
 from headbudget.engine.types import EngineOptions
-from headbudget.engine.weights import HeadPlan, checkpoint_config, gate_params, load_state
+from headbudget.engine.weights import checkpoint_config, gate_params, load_state
 from headbudget.models.budget import head_order
+from headbudget.models.plan import BudgetPolicy
 from tests.conftest import run_cli
 
 TEXTS = ["Stocks rallied on Wall Street as oil prices fell.", "New chip",
@@ -76,7 +77,7 @@ def test_only_the_kept_heads_are_in_the_file(minilm_shaped_checkpoint: Path, tmp
         assert run_cli("export", "--model", str(minilm_shaped_checkpoint), "--budget", str(b),
                        "--out", str(tmp_path / str(b))).returncode == 0
     _, cfg = checkpoint_config(minilm_shaped_checkpoint)
-    counts = HeadPlan(cfg, head_order(gate_params(load_state(minilm_shaped_checkpoint, cfg)))).layer_counts(0.5)
+    counts = BudgetPolicy(cfg, head_order(gate_params(load_state(minilm_shaped_checkpoint, cfg)))).plan(0.5).heads
     meta = json.loads((tmp_path / "0.5" / "headbudget-export.json").read_text())
     assert tuple(meta["heads_per_layer"]) == counts and meta["heads_kept"] == sum(counts) < cfg.total_heads
     half = {t.name: tuple(t.dims) for t in onnx.load(str(tmp_path / "0.5" / "model.onnx")).graph.initializer}

@@ -59,7 +59,7 @@ def test_fp32_matches_masked_reference_at_every_budget(checkpoint: Path, options
         got = np.array([p.logits for p in result.predictions])
         np.testing.assert_allclose(got, ref, atol=1e-4, rtol=0, err_msg=f"budget {b}")
         assert result.heads_active == int(model.gates.hard_mask(b).sum())
-        assert engine.mask_key(b) == result.heads_active
+        assert engine.plan(b).heads_active == result.heads_active
 
 
 def test_int8_runs_and_mostly_agrees(minilm_shaped_checkpoint: Path, tmp_path: Path) -> None:

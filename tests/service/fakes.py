@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from headbudget.engine.errors import InputError
-from headbudget.engine.types import BatchResult, Cost, ModelInfo, Prediction
+from headbudget.engine.types import BatchResult, Cost, ExecutionPlan, ModelInfo, Prediction
 
 
 class FakeEngine:
@@ -53,12 +53,16 @@ class FakeEngine:
                 if self._depth == 0:
                     self._thread = None
 
-    def mask_key(self, budget: float) -> int:
+    def _k(self, budget: float) -> int:
+        """Heads the batch runs at ``budget``, all layers together (nested: the count fixes the heads)."""
         total = self.info.n_layers * self.info.n_heads
         return min(total, max(1, math.floor(budget * total + 0.5 + 1e-9)))
 
-    def heads_at(self, budget: float) -> int:
-        return self.mask_key(budget)
+    def plan(self, budget: float) -> ExecutionPlan:
+        """The first k heads in (layer, head) order."""
+        k, h = self._k(budget), self.info.n_heads
+        return ExecutionPlan(heads=tuple(min(h, max(0, k - layer * h)) for layer in range(self.info.n_layers)),
+                             n_heads=h)
 
     def count_tokens(self, texts: Sequence[str]) -> list[tuple[int, bool]]:
         with self._one_thread():
@@ -81,7 +85,7 @@ class FakeEngine:
         self.gate.wait(30)
         self.calls.append((list(texts), budget))
         counts = self.count_tokens(texts)
-        k = self.mask_key(budget)
+        k = self.plan(budget).heads_active
         total = self.info.n_layers * self.info.n_heads
         started = time.perf_counter()
         work = len(texts) * max(n for n, _ in counts) * (0.1 + 0.9 * self.run_fraction(budget))
@@ -103,11 +107,11 @@ class FakeEngine:
 
     def run_fraction(self, budget: float) -> float:
         """The fraction of heads a batch at ``budget`` runs (its simulated speed)."""
-        return self.mask_key(budget) / (self.info.n_layers * self.info.n_heads)
+        return self._k(budget) / (self.info.n_layers * self.info.n_heads)
 
     def heads_for(self, text: str, budget: float) -> tuple[int, float | None]:
         """(heads active, Prediction.budget_applied) for one text: one mask for the whole batch."""
-        return self.mask_key(budget), None
+        return self._k(budget), None
 
     def warmup(self) -> None:
         self.warmed = True
@@ -118,7 +122,7 @@ class FakeEngine:
 
 class FakeBudgetFormer(FakeEngine):
     """A checkpoint that predicts its own budget per text (the BudgetFormer engine contract): ``budget`` is a
-    cap, k = min(k_predicted, round(budget * H)) heads per layer; ``mask_key`` is the cap."""
+    cap, k = min(k_predicted, round(budget * H)) heads per layer; the plan is the cap in every layer."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -132,15 +136,15 @@ class FakeBudgetFormer(FakeEngine):
         """The text's own budget (what ``auto`` runs)."""
         return self.predicted_heads(text) / self.info.n_heads
 
-    def mask_key(self, budget: float) -> int:
+    def _cap(self, budget: float) -> int:
         return min(self.info.n_heads, max(1, math.floor(budget * self.info.n_heads + 0.5 + 1e-9)))
 
-    def run_fraction(self, budget: float) -> float:
-        return self.mask_key(budget) / self.info.n_heads
+    def plan(self, budget: float) -> ExecutionPlan:
+        return ExecutionPlan(heads=(self._cap(budget),) * self.info.n_layers, n_heads=self.info.n_heads)
 
-    def heads_at(self, budget: float) -> int:
-        return self.mask_key(budget) * self.info.n_layers
+    def run_fraction(self, budget: float) -> float:
+        return self._cap(budget) / self.info.n_heads
 
     def heads_for(self, text: str, budget: float) -> tuple[int, float | None]:
-        k = min(self.predicted_heads(text), self.mask_key(budget))
+        k = min(self.predicted_heads(text), self._cap(budget))
         return k * self.info.n_layers, k / self.info.n_heads
