@@ -4,27 +4,32 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from headbudget.engine.artifacts import BenchRecord, SweepRecord
 from headbudget.engine.errors import ModelLoadError
 from headbudget.engine.protocol import Engine
 from headbudget.engine.types import EngineOptions, ModelInfo
 from headbudget.engine.weights import checkpoint_config, checkpoint_digest
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
-def _optional_json(path: Path) -> dict[str, Any] | None:
-    """sweep.json / bench.json beside the weights, if present and readable (a bad one is logged, not fatal)."""
+def _artifact(path: Path, parse: Callable[[Any], T | None]) -> T | None:
+    """sweep.json / bench.json beside the weights as a typed record, if present and usable (else logged)."""
     if not path.is_file():
         return None
     try:
-        value = json.loads(path.read_text())
+        record = parse(json.loads(path.read_text()))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         log.warning("%s: ignored (%s)", path, e)
         return None
-    return value if isinstance(value, dict) else {"value": value}
+    if record is None:
+        log.warning("%s: ignored (no usable point)", path)
+    return record
 
 
 def model_info(model_dir: Path, options: EngineOptions) -> ModelInfo:
@@ -42,8 +47,8 @@ def model_info(model_dir: Path, options: EngineOptions) -> ModelInfo:
         max_length=options.max_length or cfg.max_position,
         model_type=model_type,
         supports_auto=model_type == "budgetformer",
-        sweep=_optional_json(model_dir / "sweep.json"),
-        bench=_optional_json(model_dir / "bench.json"),
+        sweep=_artifact(model_dir / "sweep.json", SweepRecord.parse),
+        bench=_artifact(model_dir / "bench.json", BenchRecord.parse),
         extra={"backend": backend, "precision": options.precision, "prepack": options.prepack,
                "structural": cfg.gate.structural, "hidden_size": cfg.hidden_size},
     )

@@ -6,9 +6,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from headbudget.engine.artifacts import BenchRecord, SweepRecord
 from headbudget.models.plan import Cost, ExecutionPlan  # re-exported: the engine interface speaks plans
 
-__all__ = ["Backend", "BatchResult", "Cost", "EngineOptions", "ExecutionPlan", "ModelInfo", "Precision", "Prediction"]
+__all__ = ["Backend", "BatchResult", "BenchRecord", "Cost", "EngineOptions", "ExecutionPlan", "ModelInfo", "Precision",
+           "Prediction", "SweepRecord"]
 
 Backend = Literal["onnxruntime", "torch"]
 Precision = Literal["fp32", "int8"]
@@ -66,6 +68,6 @@ class ModelInfo:
     max_length: int
     model_type: str = "budgeted"
     supports_auto: bool = False  # BudgetFormer checkpoints predict their own budget
-    sweep: dict[str, Any] | None = None  # sweep.json, if the checkpoint has one
-    bench: dict[str, Any] | None = None  # bench.json, if the checkpoint has one
+    sweep: SweepRecord | None = None  # sweep.json, if the checkpoint has a usable one
+    bench: BenchRecord | None = None  # bench.json, if the checkpoint has a usable one
     extra: dict[str, Any] = field(default_factory=dict)

@@ -1,6 +1,6 @@
 """Latency estimates per budget and input size: the checkpoint's bench table, rescaled by what the service sees.
 
-The table (bench.json ``rows`` of ``budget``, ``latency_ms`` and the ``seq_len``/``batch_size`` they ran at)
+The table (bench.json, parsed by the engine into a ``BenchRecord``: latency per budget at the padded tokens per call)
 gives the shape of latency over budgets; every batch the service runs updates a per-budget-bucket
 correction factor (an exponential moving average of observed / estimated), so estimates follow the real
 machine. Without a table a conservative prior is used until observations arrive.
@@ -12,49 +12,13 @@ import math
 import threading
 from bisect import bisect_left
 from collections.abc import Sequence
-from typing import Any
 
+from headbudget.engine.types import BenchRecord
 from headbudget.service.settings import budget_bucket
 
 DEFAULT_GRID: tuple[float, ...] = tuple(round(0.10 + 0.05 * i, 2) for i in range(19))
-_LATENCY_KEYS = ("latency_ms", "p50_ms", "latency_ms_p50", "median_ms", "mean_ms", "latency_ms_mean")
 _ALPHA = 0.2  # weight of one new observation in the correction factor
 _FIXED_SHARE = 0.2  # share of a single-point measurement treated as fixed per-call overhead
-
-
-def _row_ms(row: dict[str, Any]) -> float | None:
-    for key in _LATENCY_KEYS:
-        v = row.get(key)
-        if isinstance(v, int | float) and math.isfinite(v) and v > 0:
-            return float(v)
-    return None
-
-
-def reference_tokens(bench: dict[str, Any] | None) -> float:
-    """Tokens per text the bench table was measured at (``seq_len``, or ``median_tokens`` for real data)."""
-    if isinstance(bench, dict):
-        for key in ("seq_len", "median_tokens"):
-            v = bench.get(key)
-            if isinstance(v, int | float) and v > 0:
-                return float(v)
-    return 128.0
-
-
-def parse_bench(bench: dict[str, Any] | None) -> dict[float, list[tuple[float, float]]]:
-    """bench.json -> {budget: [(padded tokens per call, ms), ...] sorted by tokens}; unusable rows dropped."""
-    table: dict[float, list[tuple[float, float]]] = {}
-    if not isinstance(bench, dict) or not isinstance(bench.get("rows"), list):
-        return table
-    seq_default, batch_default = reference_tokens(bench), bench.get("batch_size", 1)
-    for row in bench["rows"]:
-        if not isinstance(row, dict) or not isinstance(row.get("budget"), int | float):
-            continue
-        ms = _row_ms(row)
-        seq, batch = row.get("seq_len", seq_default), row.get("batch_size", batch_default)
-        if ms is None or not isinstance(seq, int | float) or not isinstance(batch, int | float):
-            continue
-        table.setdefault(round(float(row["budget"]), 4), []).append((float(seq) * float(batch), ms))
-    return {b: sorted(points) for b, points in sorted(table.items())}
 
 
 def _curve(points: Sequence[tuple[float, float]], tokens: float) -> float:
@@ -71,11 +35,11 @@ def _curve(points: Sequence[tuple[float, float]], tokens: float) -> float:
 class LatencyModel:
     """Estimated wall time (ms) of one engine call at a budget on a number of padded tokens."""
 
-    def __init__(self, bench: dict[str, Any] | None, max_length: int) -> None:
-        self._table = parse_bench(bench)
+    def __init__(self, bench: BenchRecord | None, max_length: int) -> None:
+        self._table = bench.table if bench else {}
         self._budgets = sorted(self._table)
         self.max_length = max_length
-        self.ref_tokens = reference_tokens(bench)
+        self.ref_tokens = bench.reference_tokens if bench else 128.0
         self._factor: dict[str, float] = {}  # budget bucket -> observed / estimated
         self._global = 1.0
         self._chars_per_token = 4.0

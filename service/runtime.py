@@ -47,11 +47,7 @@ class Runtime:
         assert self.batcher.planner is not None and self.batcher.engine is not None
         engine = self.batcher.engine
         self.grid_heads = {b: engine.plan(b).heads_active for b in self.budget_grid()}
-        sweep = self.info.sweep or {}
-        points = [(float(p["budget"]), float(p["accuracy_hard"])) for p in sweep.get("points", [])
-                  if isinstance(p, dict) and isinstance(p.get("budget"), int | float)
-                  and isinstance(p.get("accuracy_hard"), int | float)]
-        self.metrics.set_offline_accuracy(points)
+        self.metrics.set_offline_accuracy(list(self.info.sweep.accuracy.items()) if self.info.sweep else [])
         self.state_ok = await self.state.ping()
         self.metrics.set_state_up(self.state_ok)
 
@@ -63,9 +59,8 @@ class Runtime:
 
     def budget_grid(self) -> list[float]:
         """The budgets /v1/models lists: sweep.json's points, else the service's grid."""
-        sweep = (self.info.sweep if self.info else None) or {}
-        budgets = sorted({round(float(p["budget"]), 4) for p in sweep.get("points", [])
-                          if isinstance(p, dict) and isinstance(p.get("budget"), int | float)})
+        sweep = self.info.sweep if self.info else None
+        budgets = sweep.budgets if sweep else []
         planner = self.batcher.planner
         return budgets or (list(planner.grid) if planner else [])
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter
 
 from headbudget.service.deps import RuntimeDep
@@ -14,28 +12,19 @@ from headbudget.service.schemas import BudgetPoint, ModelCard, ModelList
 router = APIRouter(tags=["models"])
 
 
-def _sweep_accuracy(sweep: dict[str, Any] | None) -> dict[float, float]:
-    out: dict[float, float] = {}
-    for p in (sweep or {}).get("points", []):
-        if isinstance(p, dict) and isinstance(p.get("budget"), int | float) \
-                and isinstance(p.get("accuracy_hard"), int | float):
-            out[round(float(p["budget"]), 4)] = float(p["accuracy_hard"])
-    return out
-
-
 @router.get("/v1/models", response_model=ModelList, responses=error_responses(503))
 async def list_models(runtime: RuntimeDep) -> ModelList:
     """The loaded checkpoint: labels, heads, and the budget grid with offline accuracy and latency."""
     info, latency = runtime.info, runtime.batcher.latency
     if info is None or latency is None:
         raise Unavailable("the model is not loaded yet", retry_after_s=5)
-    accuracy = _sweep_accuracy(info.sweep)
+    accuracy = info.sweep.accuracy if info.sweep else {}
     points = [BudgetPoint(budget=b, heads_active=runtime.grid_heads.get(b, 0), accuracy=accuracy.get(b),
                           latency_ms=round(latency.estimate_ms(b, latency.ref_tokens), 3))
               for b in runtime.budget_grid()]
-    dense = (info.sweep or {}).get("dense_accuracy")
+    dense = info.sweep.dense_accuracy if info.sweep else None
     card = ModelCard(id=info.name, checksum=info.checksum, labels=list(info.labels), n_layers=info.n_layers,
                      n_heads=info.n_heads, heads_total=info.n_layers * info.n_heads, max_length=info.max_length,
                      supports_auto=info.supports_auto,
-                     dense_accuracy=float(dense) if isinstance(dense, int | float) else None, budgets=points)
+                     dense_accuracy=dense, budgets=points)
     return ModelList(data=[card])

@@ -17,7 +17,7 @@ import torch
 from headbudget.engine import weights
 from headbudget.engine.errors import BudgetError, InputError, ModelLoadError
 from headbudget.engine.factory import load_engine
-from headbudget.engine.types import EngineOptions
+from headbudget.engine.types import EngineOptions, SweepRecord
 from headbudget.models import checkpoint as ckpt
 from headbudget.models.budget import BUDGET_GRID, head_order
 from headbudget.models.checkpoint import load_checkpoint, save_checkpoint
@@ -119,10 +119,12 @@ def test_structural_checkpoint_keeps_a_head_per_layer(tmp_path: Path, tiny_check
 
 def test_model_info(tiny_checkpoint: Path, tmp_path: Path) -> None:
     folder = _copy(tiny_checkpoint, tmp_path / "withsweep")
-    (folder / "sweep.json").write_text(json.dumps({"rows": [1, 2]}))
+    (folder / "sweep.json").write_text(json.dumps({"dense_accuracy": 0.9, "points": [
+        {"budget": 0.5, "accuracy_hard": 0.8}, {"budget": "x", "accuracy_hard": 0.7}, {"budget": 1.0}]}))
+    (folder / "bench.json").write_text(json.dumps({"rows": [1, 2]}))  # no usable row: ignored, not fatal
     info = load_engine(folder, EngineOptions(cache_dir=tmp_path / "c")).info
     assert info.name == "tiny" and info.checksum == ckpt.weights_digest(folder)
-    assert info.sweep == {"rows": [1, 2]} and info.bench is None
+    assert info.sweep == SweepRecord(accuracy={0.5: 0.8}, dense_accuracy=0.9) and info.bench is None
     assert (info.n_layers, info.n_heads, info.model_type) == (2, 4, "budgeted")
 
 

@@ -12,7 +12,15 @@ from dataclasses import replace
 from typing import Any
 
 from headbudget.engine.errors import InputError
-from headbudget.engine.types import BatchResult, Cost, ExecutionPlan, ModelInfo, Prediction
+from headbudget.engine.types import (
+    BatchResult,
+    BenchRecord,
+    Cost,
+    ExecutionPlan,
+    ModelInfo,
+    Prediction,
+    SweepRecord,
+)
 
 
 class FakeEngine:
@@ -23,8 +31,8 @@ class FakeEngine:
                  sweep: dict[str, Any] | None = None, bench: dict[str, Any] | None = None,
                  supports_auto: bool = False) -> None:
         self.info = ModelInfo(name="fake", checksum="0" * 64, labels=tuple(labels), n_layers=n_layers,
-                              n_heads=n_heads, max_length=max_length, supports_auto=supports_auto, sweep=sweep,
-                              bench=bench)
+                              n_heads=n_heads, max_length=max_length, supports_auto=supports_auto,
+                              sweep=SweepRecord.parse(sweep), bench=BenchRecord.parse(bench))
         self.delay_s = delay_s
         self.per_token_s = per_token_s
         self.calls: list[tuple[list[str], float]] = []

@@ -9,8 +9,9 @@ import time
 import httpx
 import pytest
 
+from headbudget.engine.artifacts import BenchRecord
 from headbudget.service.batching import Job
-from headbudget.service.latency import LatencyModel, parse_bench
+from headbudget.service.latency import LatencyModel
 from headbudget.service.planner import Planner
 from headbudget.service.settings import parse_config
 from tests.service.conftest import config_dict, headers, make_config, running_app
@@ -137,7 +138,7 @@ def _job(tier_name: str, config, texts: list[str], budget: float | None, tokens:
 
 def test_planner_degrades_only_when_the_queue_would_miss_the_target() -> None:
     config = make_config()  # flex: target 200 ms, min_budget 0.1
-    planner = Planner(FakeEngine(), LatencyModel(BENCH, 512))
+    planner = Planner(FakeEngine(), LatencyModel(BenchRecord.parse(BENCH), 512))
     # 10 jobs of 100 tokens: 10 ms each at budget 1.0, 1 ms at 0.1
     light = [_job("flex", config, ["t"], 1.0, 100) for _ in range(10)]
     _, applied, _ = planner.plan(light, time.monotonic(), 32)
@@ -155,7 +156,7 @@ def test_planner_degrades_only_when_the_queue_would_miss_the_target() -> None:
 
 def test_planner_max_latency_picks_lower_budgets_for_tighter_limits() -> None:
     config = make_config()
-    planner = Planner(FakeEngine(), LatencyModel(BENCH, 512))
+    planner = Planner(FakeEngine(), LatencyModel(BenchRecord.parse(BENCH), 512))
     chosen = {}
     for limit in (50.0, 8.0, 3.0, 0.5):
         job = _job("balanced", config, ["t"], None, 100, max_latency_ms=limit)
@@ -224,8 +225,8 @@ async def test_queue_timeout_is_503() -> None:
 
 
 def test_latency_model_table_and_observations() -> None:
-    model = LatencyModel(BENCH, 512)
-    assert parse_bench({"rows": [{"budget": "x"}, {"budget": 0.5}]}) == {}
+    model = LatencyModel(BenchRecord.parse(BENCH), 512)
+    assert BenchRecord.parse({"rows": [{"budget": "x"}, {"budget": 0.5}]}) is None
     assert model.estimate_ms(1.0, 10) == pytest.approx(1.0)
     assert model.estimate_ms(0.55, 10) == pytest.approx(0.55)
     assert model.estimate_ms(1.0, 100) == pytest.approx(1.0 * (0.2 + 0.8 * 10))
