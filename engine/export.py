@@ -36,6 +36,7 @@ from headbudget.engine.weights import (
     pack,
 )
 from headbudget.models.budget import head_order
+from headbudget.models.model_types import model_type
 from headbudget.models.plan import BudgetPolicy
 from headbudget.models.tokenizer import TOKENIZER_FILES
 
@@ -83,7 +84,7 @@ def export_onnx(model_dir: Path, budget: float, out: Path, precision: Precision 
     if not 0.0 < budget <= 1.0:
         raise ExportError(f"budget must be in (0, 1], got {budget}")
     config, cfg = checkpoint_config(model_dir)
-    if cfg.model_type != "budgeted":
+    if not model_type(cfg.model_type).static_plans:
         raise ExportError(f"{model_dir}: a {cfg.model_type} checkpoint chooses its heads per input, so no one "
                           "graph holds a budget; only budgeted checkpoints export")
     _check_out(out)

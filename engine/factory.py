@@ -13,6 +13,7 @@ from headbudget.engine.errors import ModelLoadError
 from headbudget.engine.protocol import Engine
 from headbudget.engine.types import EngineOptions, ModelInfo
 from headbudget.engine.weights import checkpoint_config, checkpoint_digest
+from headbudget.models.model_types import model_type
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -36,8 +37,8 @@ def model_info(model_dir: Path, options: EngineOptions) -> ModelInfo:
     """What the service shows about a checkpoint, read without loading any weights into a runtime."""
     model_dir = Path(model_dir)
     config, cfg = checkpoint_config(model_dir)
-    model_type = cfg.model_type  # the architecture's own field (model.model_type), not the optional meta copy
-    backend = options.backend if model_type == "budgeted" else "torch-adaptive"
+    kind = model_type(cfg.model_type)  # the architecture's own field (model.model_type), not the meta copy
+    backend = options.backend if kind.static_plans else "torch-adaptive"
     return ModelInfo(
         name=str(config.get("name") or model_dir.name),
         checksum=checkpoint_digest(model_dir),
@@ -45,8 +46,8 @@ def model_info(model_dir: Path, options: EngineOptions) -> ModelInfo:
         n_layers=cfg.n_layers,
         n_heads=cfg.n_heads,
         max_length=options.max_length or cfg.max_position,
-        model_type=model_type,
-        supports_auto=model_type == "budgetformer",
+        model_type=kind.name,
+        supports_auto=kind.supports_auto,
         sweep=_artifact(model_dir / "sweep.json", SweepRecord.parse),
         bench=_artifact(model_dir / "bench.json", BenchRecord.parse),
         extra={"backend": backend, "precision": options.precision, "prepack": options.prepack,
@@ -59,7 +60,7 @@ def load_engine(model_dir: Path, options: EngineOptions) -> Engine:
     if options.threads < 1:
         raise ModelLoadError(f"threads must be >= 1, got {options.threads}")
     info = model_info(Path(model_dir), options)
-    if info.model_type != "budgeted":
+    if not model_type(info.model_type).static_plans:
         return _load_adaptive(Path(model_dir), options, info)
     if options.backend == "onnxruntime":
         from headbudget.engine.onnx_backend import OnnxEngine

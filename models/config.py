@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from headbudget.models.model_types import REGISTRY, model_type
+
 
 @dataclass(frozen=True)
 class GateConfig:
@@ -17,7 +19,7 @@ class GateConfig:
     init_raw_beta: float = -2.0  # softplus(-2) ~ 0.13: a small budget sensitivity to start from
 
 
-MODEL_TYPES: tuple[str, ...] = ("budgeted", "budgetformer", "span", "adaattention")
+MODEL_TYPES: tuple[str, ...] = tuple(REGISTRY)  # models/model_types.py: what each type is
 POOLERS: tuple[str, ...] = ("none", "tanh", "relu")
 
 
@@ -90,8 +92,7 @@ class ModelConfig:
     ada: AdaConfig = field(default_factory=AdaConfig)
 
     def __post_init__(self) -> None:
-        if self.model_type not in MODEL_TYPES:
-            raise ValueError(f"unknown model_type {self.model_type!r}; one of {', '.join(MODEL_TYPES)}")
+        model_type(self.model_type)  # ValueError naming the registered types
         if self.hidden_size % self.n_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by n_heads {self.n_heads}")
         if len(self.labels) < 2:

@@ -4,23 +4,13 @@ from __future__ import annotations
 
 from headbudget.models.classifier import BudgetedClassifier
 from headbudget.models.config import ModelConfig
+from headbudget.models.model_types import model_type
 
 
 def build_model(cfg: ModelConfig) -> BudgetedClassifier:
     """An untrained model of ``cfg.model_type``."""
-    if cfg.model_type == "budgetformer":
-        from headbudget.models.budgetformer import BudgetFormerClassifier
-
-        return BudgetFormerClassifier(cfg)
-    if cfg.model_type == "span":
-        from headbudget.models.span import SpanClassifier
-
-        return SpanClassifier(cfg)
-    if cfg.model_type == "adaattention":
-        from headbudget.models.adaattention import AdaAttentionClassifier
-
-        return AdaAttentionClassifier(cfg)
-    return BudgetedClassifier(cfg)
+    model: BudgetedClassifier = model_type(cfg.model_type).build(cfg)
+    return model
 
 
 def to_model_type(model: BudgetedClassifier, model_type: str, seed: int = 0) -> BudgetedClassifier:

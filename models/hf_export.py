@@ -28,6 +28,7 @@ import numpy as np
 from headbudget.models.checkpoint_meta import CONFIG, WEIGHTS, model_config, read_config, weights_digest
 from headbudget.models.config import ModelConfig
 from headbudget.models.hf_families import FAMILIES, PretrainedError, hf_key
+from headbudget.models.model_types import model_type
 from headbudget.models.tokenizer import TOKENIZER_FILES
 
 REMOTE_CODE = "modeling_headbudget.py"
@@ -89,7 +90,7 @@ def export_hf(model_dir: Path, out: Path) -> HfExport:
     model_dir, out = Path(model_dir), Path(out)
     config = read_config(model_dir)
     cfg = model_config(config, model_dir / CONFIG)
-    if cfg.model_type != "budgeted":
+    if not model_type(cfg.model_type).static_plans:
         raise PretrainedError(f"{model_dir}: a {cfg.model_type} checkpoint has parts no Hugging Face class runs; "
                               "only budgeted checkpoints export to the hf format")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

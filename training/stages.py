@@ -19,8 +19,7 @@ from headbudget.training.evaluation import accuracy, mean_accuracy
 from headbudget.training.recipes import Recipe
 
 Stage = Literal["dense", "budget", "hard", "recover", "adapt"]
-STAGES: tuple[Stage, ...] = ("dense", "budget", "hard")  # the budgeted recipe
-ADAPTIVE_STAGES: tuple[Stage, ...] = ("dense", "adapt")  # budgetformer, span, adaattention
+# Which stages a model type trains, in order, is its entry in models/model_types.py.
 
 # Learning rates of the parameters each adaptive type adds, when the recipe does not set adaptive_lr. The
 # published BudgetFormer lr (2e-5 for everything) leaves its zero-initialised relevance net near uniform

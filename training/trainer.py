@@ -7,7 +7,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -15,13 +15,14 @@ from headbudget.models.checkpoint import CheckpointError, load_checkpoint, save_
 from headbudget.models.classifier import BudgetedClassifier
 from headbudget.models.config import GateConfig
 from headbudget.models.factory import to_model_type
+from headbudget.models.model_types import model_type
 from headbudget.models.pretrained import Base, from_pretrained, minilm_path, random_init
 from headbudget.models.tokenizer import TextEncoder, copy_tokenizer
 from headbudget.training.batches import TokenizedSplit, tokenize
 from headbudget.training.data import DataError, DataSet, load_data
 from headbudget.training.evaluation import accuracy
 from headbudget.training.recipes import Recipe
-from headbudget.training.stages import ADAPTIVE_STAGES, STAGES, run_stage
+from headbudget.training.stages import Stage, run_stage
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ def train(run: RunConfig, out: Path) -> Path:
     log.info("data %s: %d train, %d validation, labels %s", ds.name, len(train_split), len(val_split), ds.labels)
     results: dict[str, Any] = {}
     teacher: BudgetedClassifier | None = None
-    stages = STAGES if run.model_type == "budgeted" else ADAPTIVE_STAGES
+    stages = cast(tuple[Stage, ...], model_type(run.model_type).stages)
     for i, stage in enumerate(stages):
         stage_dir = out / "stages" / stage
         done = stage_dir / "done.json"

@@ -25,11 +25,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run(args: argparse.Namespace) -> int:
 
     from headbudget.models.checkpoint import read_config
+    from headbudget.models.model_types import model_type
     from headbudget.training.report import evaluate_checkpoint
 
-    model_type = str(read_config(args.model).get("model", {}).get("model_type", "budgeted"))
-    if model_type != "budgeted":
-        return _eval_adaptive(args, model_type)
+    kind = str(read_config(args.model).get("model", {}).get("model_type", "budgeted"))
+    if not model_type(kind).static_plans:
+        return _eval_adaptive(args, kind)
     if args.add_int8:
         return _add_int8(args)
     extra = _int8_runner(args.model) if args.int8 else None

@@ -19,6 +19,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from headbudget.models.checkpoint import load_checkpoint
+    from headbudget.models.model_types import model_type
     from headbudget.models.tokenizer import TextEncoder
 
     if not args.text.strip():
@@ -27,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     encoder = TextEncoder(args.model, int(config.get("max_length", model.cfg.max_position)))
     enc = encoder.encode([args.text])
     ids, mask = enc.padded(encoder.pad_id)
-    if model.cfg.model_type != "budgeted":
+    if not model_type(model.cfg.model_type).static_plans:
         return _predict_adaptive(model, ids, mask, args.budget, bool(enc.truncated[0]))
     head_mask = model.gates.hard_mask(args.budget)
     with torch.no_grad():

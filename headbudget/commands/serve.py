@@ -44,15 +44,17 @@ def default_precision(model_dir: Path, backend: str) -> str:
     """int8 where there is an int8 engine (a budgeted checkpoint on onnxruntime; docs/results.md section 2: as
     accurate as fp32 within 0.16 points and 2.5x faster), else fp32 (the torch backend, the adaptive types)."""
     from headbudget.engine.weights import checkpoint_config
+    from headbudget.models.model_types import model_type
 
     _, cfg = checkpoint_config(model_dir)
-    return "int8" if backend == "onnxruntime" and cfg.model_type == "budgeted" else "fp32"
+    return "int8" if backend == "onnxruntime" and model_type(cfg.model_type).static_plans else "fp32"
 
 
 def _needs_torch(model_dir: Path, backend: str) -> bool:
     from headbudget.engine.weights import checkpoint_config
+    from headbudget.models.model_types import model_type
 
-    return backend == "torch" or checkpoint_config(model_dir)[1].model_type != "budgeted"
+    return backend == "torch" or not model_type(checkpoint_config(model_dir)[1].model_type).static_plans
 
 
 def run(args: argparse.Namespace) -> int:

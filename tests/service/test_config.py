@@ -78,7 +78,8 @@ def test_keys_add_prints_a_key_once_and_stores_only_its_hash(tmp_path: Path) -> 
 
 # The engine interface speaks execution plans (issue 15), which models/ owns: the service may load the plan and
 # what it is made of (torch-free, numpy only), and nothing else of models/, training or torch.
-PLAN_MODULES = ("headbudget.models", "headbudget.models.plan", "headbudget.models.budget", "headbudget.models.config")
+PLAN_MODULES = ("headbudget.models", "headbudget.models.plan", "headbudget.models.budget", "headbudget.models.config",
+                "headbudget.models.model_types")
 
 
 def test_service_imports_no_torch_and_only_the_plan_of_models() -> None:
