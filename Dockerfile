@@ -40,6 +40,7 @@ COPY models /src/models
 COPY engine /src/engine
 COPY training /src/training
 COPY service /src/service
+COPY experiments /src/experiments
 COPY loadtest /src/loadtest
 RUN pip install --no-deps /src && headbudget --help > /dev/null
 

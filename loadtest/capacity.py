@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import psutil
 
-from headbudget.engine.bench import cpu_name
+from headbudget.experiments.bench import cpu_name
 from headbudget.loadtest.service_bench import (
     CONFIG,
     Server,

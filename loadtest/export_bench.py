@@ -22,10 +22,10 @@ import numpy as np
 import onnxruntime as ort
 
 from headbudget.engine.base import pad
-from headbudget.engine.bench import cpu_name
 from headbudget.engine.export import MODEL_FILE, export_onnx
 from headbudget.engine.factory import load_engine
 from headbudget.engine.types import EngineOptions
+from headbudget.experiments.bench import cpu_name
 from headbudget.loadtest.service_bench import load_texts
 
 

@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.model / "config.json").is_file() or not (args.data / "test.csv").is_file():
         print("service_bench: error: need a checkpoint folder and a data folder with test.csv", file=sys.stderr)
         return 2
-    from headbudget.engine.bench import cpu_name
+    from headbudget.experiments.bench import cpu_name
 
     texts = load_texts(args.data, args.requests)
     result: dict[str, Any] = {"model": str(args.model), "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"),

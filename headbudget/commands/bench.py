@@ -62,7 +62,7 @@ def _table(r: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from headbudget.engine.bench import BenchConfig, run_bench
+    from headbudget.experiments.bench import BenchConfig, run_bench
 
     if args.out.is_dir():
         raise CliError(f"--out {args.out} is a folder; give a file name such as bench.json")

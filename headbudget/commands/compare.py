@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from headbudget.commands.common import CliError
-    from headbudget.training.compare import CompareConfig, run_compare
+    from headbudget.experiments.compare import CompareConfig, run_compare
     from headbudget.training.data import load_data
     from headbudget.training.recipes import get_recipe, parse_overrides
 

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from headbudget.engine.adaptive_backend import AdaptiveEngine
-from headbudget.engine.adaptive_bench import bench_lengths, main
 from headbudget.engine.adaptive_cost import plan_macs, span_pairs
 from headbudget.engine.base import pad
 from headbudget.engine.errors import BudgetError, ModelLoadError
 from headbudget.engine.factory import load_engine, model_info
 from headbudget.engine.torch_backend import TorchEngine
 from headbudget.engine.types import EngineOptions
+from headbudget.experiments.adaptive_bench import bench_lengths, main
 from headbudget.models.budgetformer import BudgetFormerClassifier, budget_cap_heads
 from headbudget.models.checkpoint import load_checkpoint, save_checkpoint
 from headbudget.models.config import GateConfig, SpanConfig

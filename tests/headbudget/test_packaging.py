@@ -20,7 +20,7 @@ from headbudget.extras import MODULE_EXTRA
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("pyproject.toml", "README.md", "LICENSE", "headbudget", "models", "training", "engine", "service",
-           "loadtest")
+           "experiments", "loadtest")
 HEAVY = ("torch", "onnxruntime", "transformers", "onnx", "numpy", "fastapi", "uvicorn", "tokenizers", "scipy")
 
 pytestmark = pytest.mark.slow

@@ -143,7 +143,8 @@ def test_context_leaves_out_what_the_image_does_not_need() -> None:
     for path in (".venv/bin/python", ".git/HEAD", "tests/conftest.py", "runs/x/log.txt", "docs/results.md",
                  "models/__pycache__/config.cpython-311.pyc", "loadtest/reports/r1/report.html"):
         assert not in_context(path), path
-    for path in ("pyproject.toml", "README.md", "models/config.py", "service/metrics.py", "loadtest/mix.py"):
+    for path in ("pyproject.toml", "README.md", "models/config.py", "service/metrics.py", "experiments/bench.py",
+                 "loadtest/mix.py"):
         assert in_context(path), path
 
 

@@ -1,6 +1,6 @@
 """The issue-8 comparison in one file: each adaptive checkpoint against the dense model and the budgeted one.
 
-    python -m headbudget.training.adaptive_summary --data ../shared/data/ag_news \\
+    python -m headbudget.experiments.adaptive_summary --data ../shared/data/ag_news \\
         --budgetformer DIR --span DIR --adaattention DIR --budgeted DIR --out docs/results/ag_news/adaptive.json
 
 Reads each adaptive checkpoint's ``adaptive_sweep.json`` (written by train/eval), evaluates the budgeted
@@ -50,8 +50,8 @@ def budgeted_accuracy(folder: Path, data_spec: str, budget: float) -> dict[str, 
 def summarise(data: Path, checkpoints: dict[str, Path], budgeted: Path, texts: int, repeats: int,
               lengths: tuple[int, ...] = (128, 512)) -> dict[str, Any]:
     """Everything the results table needs, as one JSON-able dict."""
-    from headbudget.engine.adaptive_bench import Other, bench_lengths, bench_texts
-    from headbudget.engine.bench import cpu_name
+    from headbudget.experiments.adaptive_bench import Other, bench_lengths, bench_texts
+    from headbudget.experiments.bench import cpu_name
     from headbudget.models.checkpoint import load_checkpoint
 
     out: dict[str, Any] = {"dataset": data.name, "cpu": cpu_name(), "date": datetime.date.today().isoformat(),
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI; one-line errors, exit code 2."""
-    p = argparse.ArgumentParser(prog="python -m headbudget.training.adaptive_summary", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m headbudget.experiments.adaptive_summary", description=__doc__)
     add_arguments(p)
     return run(p.parse_args(argv))
 

@@ -124,7 +124,7 @@ def memory_figure(model_dir: Path, dense_onnx: Path, precision: str) -> dict[str
     out: dict[str, float] = {}
     for kind in ("engine", "dense"):
         arg = json.dumps({"kind": kind, "model_dir": str(model_dir), "dense": str(dense_onnx), "precision": precision})
-        proc = subprocess.run([sys.executable, "-c", "from headbudget.engine.bench import _memory_child as m; m()", arg],
+        proc = subprocess.run([sys.executable, "-c", "from headbudget.experiments.bench import _memory_child as m; m()", arg],
                               capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
             raise RuntimeError(f"memory probe failed: {proc.stderr[-2000:]}")
@@ -137,7 +137,7 @@ def _memory_child() -> None:
     import onnxruntime  # noqa: F401 - imported before the baseline on both sides
 
     from headbudget.engine import factory, onnx_backend  # noqa: F401
-    from headbudget.engine.peers import ort_session
+    from headbudget.experiments.peers import ort_session
 
     arg = json.loads(sys.argv[-1])
     base = rss_mb()
@@ -163,8 +163,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """Measure everything bench.json holds; see the CLI (headbudget bench) for the table."""
     import torch
 
-    from headbudget.engine import peers
     from headbudget.engine.factory import load_engine
+    from headbudget.experiments import peers
     from headbudget.models.checkpoint import load_checkpoint
 
     torch.set_num_threads(cfg.threads)

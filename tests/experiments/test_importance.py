@@ -10,17 +10,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from headbudget.models.budget import head_mask
-from headbudget.models.checkpoint import load_checkpoint
-from headbudget.training.baselines import ranking_gates, with_ranking
-from headbudget.training.batches import TokenizedSplit
-from headbudget.training.importance import (
+from headbudget.experiments.baselines import ranking_gates, with_ranking
+from headbudget.experiments.importance import (
     ablation_importance,
     gradient_importance,
     head_gradients,
     head_importance,
     normalise_per_layer,
 )
+from headbudget.models.budget import head_mask
+from headbudget.models.checkpoint import load_checkpoint
+from headbudget.training.batches import TokenizedSplit
 from tests.conftest import run_cli
 
 

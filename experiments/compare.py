@@ -35,14 +35,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from headbudget.experiments import baselines
+from headbudget.experiments.importance import Importance, head_importance, importance_heatmap
 from headbudget.models.checkpoint import load_checkpoint, save_checkpoint
 from headbudget.models.classifier import BudgetedClassifier
 from headbudget.models.tokenizer import TextEncoder, copy_tokenizer
-from headbudget.training import baselines
 from headbudget.training.batches import TokenizedSplit, tokenize
 from headbudget.training.data import DataSet, load_data
 from headbudget.training.evaluation import accuracy
-from headbudget.training.importance import Importance, head_importance, importance_heatmap
 from headbudget.training.recipes import Recipe
 from headbudget.training.trainer import RunConfig, tokenizer_folder, train
 
@@ -308,7 +308,7 @@ def spearman_figures(cfg: CompareConfig, ctx: SeedContext, entries: list[tuple[s
 
 def run_compare(cfg: CompareConfig, out: Path, engine_factory: EngineFactory | None = None) -> dict[str, Any]:
     """Train or reuse everything, evaluate, time, and write compare.json, compare.md and compare.png."""
-    from headbudget.training.compare_report import write_report
+    from headbudget.experiments.compare_report import write_report
 
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """Latency of the adaptive fast path against the same checkpoint run dense, at fixed sequence lengths.
 
-Protocol as engine/bench.py: one thread, batch 1, pre-tokenized inputs, warm-up, then the median of
+Protocol as experiments/bench.py: one thread, batch 1, pre-tokenized inputs, warm-up, then the median of
 ``repeats`` rounds, every round running every method once on the same input (round-robin), in one process:
 - ``adaptive``: AdaptiveEngine computing only the heads, keys and dimensions each input uses;
 - ``fast_dense``: the same code with the adaptive choice disabled (every head, key and dimension);
@@ -8,7 +8,7 @@ Protocol as engine/bench.py: one thread, batch 1, pre-tokenized inputs, warm-up,
 Each round gets a different input (the adaptive choice is per input): real texts' token ids concatenated to
 the length when a data folder is given, else random ids from the vocabulary.
 
-    python -m headbudget.engine.adaptive_bench --model DIR --lengths 128,512 [--data DIR] > bench.json
+    python -m headbudget.experiments.adaptive_bench --model DIR --lengths 128,512 [--data DIR] > bench.json
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import torch
 
 from headbudget.engine.adaptive_backend import AdaptiveEngine
 from headbudget.engine.adaptive_cost import usage_cost
-from headbudget.engine.bench import data_texts, time_round_robin
 from headbudget.engine.errors import ModelLoadError
 from headbudget.engine.factory import load_engine
 from headbudget.engine.types import Backend, EngineOptions
+from headbudget.experiments.bench import data_texts, time_round_robin
 
 CLS, SEP = 101, 102
 
@@ -149,7 +149,7 @@ def bench_texts(model_dir: Path, data: Path, n: int = 300, warmup: int = 10,
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The CLI: JSON on stdout; bad input is one line on stderr and exit code 2."""
-    parser = argparse.ArgumentParser(prog="python -m headbudget.engine.adaptive_bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m headbudget.experiments.adaptive_bench", description=__doc__)
     parser.add_argument("--model", type=Path, required=True, help="checkpoint folder of an adaptive type")
     parser.add_argument("--lengths", default="128,512", help="comma-separated sequence lengths")
     parser.add_argument("--repeats", type=int, default=20)
