@@ -8,10 +8,19 @@ and ONNX Runtime's com.microsoft contrib ops (FusedMatMul, Gelu; DynamicQuantize
 ONNX Runtime build has. ``headbudget-export.json`` beside it says what a caller needs (inputs, labels, how
 texts are truncated).
 
-Example::
+Example (the second half needs only onnxruntime, numpy and tokenizers)::
 
     headbudget export --model checkpoints/ag_news-quick --budget 0.5 --format onnx --out exported/b05
-    python -c "import onnxruntime as ort; s = ort.InferenceSession('exported/b05/model.onnx'); print(s.get_inputs())"
+
+    import json, numpy as np, onnxruntime as ort
+    from tokenizers import Tokenizer
+    meta = json.load(open("exported/b05/headbudget-export.json"))
+    tok = Tokenizer.from_file("exported/b05/tokenizer.json"); tok.no_padding(); tok.no_truncation()
+    ids = tok.encode("Stocks rallied as oil prices fell.").ids  # truncate past meta["max_length"] as it says
+    sess = ort.InferenceSession("exported/b05/model.onnx", providers=["CPUExecutionProvider"])
+    logits = sess.run(["logits"], {"input_ids": np.array([ids], np.int64),
+                                   "attention_mask": np.ones((1, len(ids)), np.int32)})[0]  # (1, n_labels)
+    print(meta["labels"][int(logits[0].argmax())])
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ from headbudget.engine.weights import (
 )
 from headbudget.models.budget import head_order
 from headbudget.models.model_types import model_type
-from headbudget.models.plan import BudgetPolicy
+from headbudget.models.plan import BudgetPolicy, Shape
 from headbudget.models.tokenizer import TOKENIZER_FILES
 
 MODEL_FILE = "model.onnx"
@@ -59,7 +68,9 @@ class OnnxExport:
     heads_kept: int
     heads_total: int
     labels: tuple[str, ...]
-    max_length: int
+    max_length: int  # the truncation length the checkpoint was trained with (else max_position)
+    max_position: int  # the longest sequence the file accepts (its position table)
+    macs_fraction: float  # multiply-adds of one max_length text against the dense model's (models/plan.py)
     pad_token_id: int
     source_weights_sha256: str
     size_bytes: int
@@ -90,7 +101,8 @@ def export_onnx(model_dir: Path, budget: float, out: Path, precision: Precision 
     _check_out(out)
     state = load_state(model_dir, cfg)
     policy = BudgetPolicy(cfg, head_order(gate_params(state)))
-    counts = policy.plan(budget).heads
+    plan = policy.plan(budget)
+    counts = plan.heads
     arrays = G.bind(pack(state, cfg, policy.perms, precision), cfg, counts, precision, {})
     model = standalone(G.build_graph(cfg, counts, precision, arrays), arrays)
     model.producer_name = "headbudget-export"
@@ -103,11 +115,13 @@ def export_onnx(model_dir: Path, budget: float, out: Path, precision: Precision 
     for name in TOKENIZER_FILES:
         if (model_dir / name).is_file():
             shutil.copyfile(model_dir / name, out / name)
+    max_length = min(int(config.get("max_length", cfg.max_position)), cfg.max_position)
+    cost = plan.cost(Shape.of(cfg), max_length)
     record = OnnxExport(
         folder=str(out), budget=budget, precision=precision, heads_per_layer=counts, heads_kept=sum(counts),
-        heads_total=cfg.total_heads, labels=cfg.labels, max_length=int(config.get("max_length", cfg.max_position)),
-        pad_token_id=cfg.pad_token_id, source_weights_sha256=checkpoint_digest(model_dir),
-        size_bytes=(out / MODEL_FILE).stat().st_size)
+        heads_total=cfg.total_heads, labels=cfg.labels, max_length=max_length, max_position=cfg.max_position,
+        macs_fraction=round(cost.total_macs / cost.total_macs_dense, 4), pad_token_id=cfg.pad_token_id,
+        source_weights_sha256=checkpoint_digest(model_dir), size_bytes=(out / MODEL_FILE).stat().st_size)
     meta = {k: v for k, v in asdict(record).items() if k != "folder"}
     meta |= {
         "source": str(model_dir),
@@ -117,8 +131,11 @@ def export_onnx(model_dir: Path, budget: float, out: Path, precision: Precision 
         "outputs": [{"name": "logits", "dtype": "float32", "shape": ["batch", len(cfg.labels)],
                      "note": "one column per label, in the order of labels"}],
         "tokenizer": "tokenizer.json with its padding and truncation turned off (Tokenizer.no_padding(), "
-                     "no_truncation()); texts longer than max_length keep their first max_length - 1 tokens and "
-                     "the final special token, as the engine does",
+                     "no_truncation()); a text longer than max_length keeps its first max_length - 1 tokens and "
+                     "its final special token, as headbudget's encoder does; the file accepts up to max_position "
+                     "tokens (the engine's limit when it is given no max_length)",
+        "macs_fraction_note": "multiply-adds of the whole forward pass of one max_length text at this budget, "
+                              "as a fraction of the dense model's (attention, feed-forward and classifier matrices)",
     }
     (out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return record

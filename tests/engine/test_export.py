@@ -19,11 +19,13 @@ from headbudget.models.budget import head_order
 from headbudget.models.plan import BudgetPolicy
 from tests.conftest import run_cli
 
+# Three lengths, and one text past max_length (512 tokens here) to check the truncation the metadata describes.
 TEXTS = ["Stocks rallied on Wall Street as oil prices fell.", "New chip",
-         "The striker scored twice in the final minutes of the match against the league leaders."]
+         "The striker scored twice in the final minutes of the match against the league leaders.",
+         "Markets " * 600]
 
 # Runs in a fresh interpreter that may import only onnxruntime, numpy and tokenizers: what a user without
-# headbudget has. It pads on the right as headbudget-export.json says, and prints the logits as JSON.
+# headbudget has. It truncates and pads on the right as headbudget-export.json says, and prints the logits.
 BARE = """
 import json, sys
 import numpy as np, onnxruntime as ort
@@ -32,7 +34,8 @@ folder, texts = sys.argv[1], json.loads(sys.argv[2])
 meta = json.load(open(f"{folder}/headbudget-export.json"))
 tok = Tokenizer.from_file(f"{folder}/tokenizer.json")
 tok.no_padding(); tok.no_truncation()
-rows = [e.ids for e in tok.encode_batch(texts)]
+m = meta["max_length"]
+rows = [e.ids if len(e.ids) <= m else e.ids[:m - 1] + e.ids[-1:] for e in tok.encode_batch(texts)]
 n = max(map(len, rows))
 ids = np.full((len(rows), n), meta["pad_token_id"], np.int64)
 mask = np.zeros((len(rows), n), np.int32)
@@ -56,7 +59,9 @@ def bare_logits(folder: Path) -> np.ndarray:
 def engine_logits(checkpoint: Path, budget: float, precision: str, cache: Path) -> np.ndarray:
     engine = load_engine(checkpoint, EngineOptions(precision=precision, cache_dir=cache))  # type: ignore[arg-type]
     try:
-        return np.array([p.logits for p in engine.predict(TEXTS, budget).predictions])
+        predictions = engine.predict(TEXTS, budget).predictions
+        assert [p.truncated for p in predictions] == [False, False, False, True]
+        return np.array([p.logits for p in predictions])
     finally:
         engine.close()
 
@@ -68,6 +73,8 @@ def test_bare_onnxruntime_gives_the_engines_logits(minilm_shaped_checkpoint: Pat
     proc = run_cli("export", "--model", str(minilm_shaped_checkpoint), "--budget", str(budget),
                    "--precision", precision, "--out", str(out))
     assert proc.returncode == 0, proc.stderr
+    meta = json.loads((out / "headbudget-export.json").read_text())
+    assert meta["max_length"] == meta["max_position"] == 512  # so the engine truncates where the recipe does
     np.testing.assert_allclose(bare_logits(out), engine_logits(minilm_shaped_checkpoint, budget, precision,
                                                                 tmp_path / "cache"), atol=1e-4, rtol=0)
 
@@ -88,6 +95,8 @@ def test_only_the_kept_heads_are_in_the_file(minilm_shaped_checkpoint: Path, tmp
         assert wqkv == ([(3 * k * dh, cfg.hidden_size)] if k else [])
     assert sum(np.prod(s) for s in half.values()) < sum(np.prod(s) for s in full.values())
     assert (tmp_path / "0.5" / "model.onnx").stat().st_size < (tmp_path / "1.0" / "model.onnx").stat().st_size
+    dense = json.loads((tmp_path / "1.0" / "headbudget-export.json").read_text())
+    assert meta["macs_fraction"] < dense["macs_fraction"] == 1.0
 
 
 @pytest.mark.parametrize("args, message", [
@@ -102,12 +111,19 @@ def test_bad_requests_are_one_line(tiny_checkpoint: Path, tmp_path: Path, args: 
     assert proc.stderr.strip().count("\n") == 0 and not (tmp_path / "x").exists()
 
 
-def test_folder_errors_are_one_line(tiny_checkpoint: Path, budgetformer_smoke: Path, tmp_path: Path) -> None:
+def test_folder_errors_are_one_line(tiny_checkpoint: Path, tmp_path: Path) -> None:
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "file").write_text("x")
+    # The type is refused from config.json alone, so an adaptive type's config stands in for a trained one.
+    adaptive = tmp_path / "budgetformer"
+    adaptive.mkdir()
+    config = json.loads((tiny_checkpoint / "config.json").read_text())
+    config["model"]["model_type"] = "budgetformer"
+    (adaptive / "config.json").write_text(json.dumps(config))
     for args, message in ((["--model", str(tiny_checkpoint), "--out", str(tmp_path / "taken")], "not an empty folder"),
                           (["--model", str(tmp_path / "missing"), "--out", str(tmp_path / "o")], "does not exist"),
-                          (["--model", str(budgetformer_smoke), "--out", str(tmp_path / "o")], "only budgeted")):
+                          (["--model", str(adaptive), "--out", str(tmp_path / "o")], "chooses its heads per input")):
         proc = run_cli("export", "--budget", "0.5", *args)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
-        assert proc.stderr.strip().count("\n") == 0
+        assert proc.stderr.strip().count("\n") == 0 and not (tmp_path / "o").exists()
+    assert [f.name for f in (tmp_path / "taken").iterdir()] == ["file"]
