@@ -79,7 +79,7 @@ class Batcher:
         self._pending: list[Job] = []
         self._stopping = False
         self._running_until = 0.0  # monotonic estimate of when the running batch ends
-        self._forwarding = False  # a forward pass runs and its answers are not all delivered yet
+        self._forwarding = False  # a batch left the queue and its forward pass has not finished
         self._thread = threading.Thread(target=self._run, name="headbudget-engine", daemon=True)
         self._started = threading.Event()
         self._start_error: BaseException | None = None
@@ -154,6 +154,10 @@ class Batcher:
                 self._pending.remove(job)
                 self._metrics.queue_depth.set(len(self._pending))
 
+    def _set_idle(self) -> None:
+        with self._cond:
+            self._forwarding = False
+
     def _running_left(self) -> float:
         return max(0.0, self._running_until - time.monotonic())
 
@@ -212,6 +216,9 @@ class Batcher:
             self._metrics.queue_depth.set(len(self._pending))
             if batch:
                 self._running_until = time.monotonic() + sum(self.planner.cost_s(j, budget) for j in batch)
+                # Set with the batch's removal, under the lock: a request submitted in between must not find
+                # the model idle while this batch is about to run.
+                self._forwarding = True
         if batch and (done := self._run_batch(batch, budget, applied, wants)) is not None:
             done()
         return True
@@ -239,21 +246,24 @@ class Batcher:
         assert self.engine is not None and self.latency is not None
         texts = [t for j in batch for t in j.texts]
         started, cpu_started = time.monotonic(), time.thread_time()
-        self._forwarding = True
         try:
             result = self.engine.predict(texts, budget)
         except EngineError as e:
-            self._forwarding = False
+            self._set_idle()
             for job in batch:
                 _deliver(job, e)
             return None
         except Exception as e:  # noqa: BLE001 - a bug must fail these requests, not the thread
-            self._forwarding = False
+            self._set_idle()
             log.exception("engine failed on a batch")
             for job in batch:
                 _deliver(job, e)
             return None
         wall, cpu = time.monotonic() - started, time.thread_time() - cpu_started
+        # Idle before the first answer leaves this thread: the event loop may hand a client its answer and take
+        # that client's next request before this thread runs again, and that request found the model "busy"
+        # and waited a whole batch window (seen in CI: 300 ms on one of four sequential requests).
+        self._set_idle()
         offset = 0
         for job in batch:  # answers first: the bookkeeping below need not delay them (~0.1 ms, traced)
             preds = result.predictions[offset:offset + len(job.texts)]
@@ -263,7 +273,6 @@ class Batcher:
                 predictions=preds, budget_requested=want, budget_applied=mine,
                 heads_active=result.heads_active, heads_total=result.heads_total, latency_s=result.latency_s,
                 queue_s=started - job.enqueued, degraded=mine < want))
-        self._forwarding = False  # before the bookkeeping: a client's next request may already be on its way
         latency, metrics = self.latency, self._metrics
 
         def bookkeeping() -> None:
