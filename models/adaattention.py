@@ -6,6 +6,9 @@ mean score)) dimensions: its query and value keep their first d' dimensions (the
 output then only involve those), so the engine can slice W_q, W_k, W_v and W_o to d' and compute nothing else.
 Training uses that hard choice forward and a straight-through ramp backward (dimension j weighs
 clamp(d_h * c - j, 0, 1)), so the trained function is exactly what inference runs.
+
+The math is in functions (the reduced dimensions, the dimension mask, lambda(t), the scorer's multiply-adds)
+that this module and the engine's fast path (engine/adaptive_types.py) both call.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headbudget.models.adaptive import AdaptiveAttention, AdaptiveClassifier, masked_mean, real_tokens
+from headbudget.models.adaptive import AdaptiveAttention, AdaptiveClassifier, LayerOutput, masked_mean, real_tokens
 from headbudget.models.config import AdaConfig, ModelConfig
 
 
@@ -34,6 +37,24 @@ def reduced_dims(score: torch.Tensor, head_dim: int, threshold: float) -> torch.
     return torch.where(score > threshold, torch.full_like(reduced, head_dim), reduced)
 
 
+def dim_mask(score: torch.Tensor, head_dim: int, threshold: float, straight_through: bool) -> torch.Tensor:
+    """Per-dimension weights (B, H, dh) from mean scores (B, H): the hard choice forward, and with
+    ``straight_through`` (training) the ramp clamp(d_h c - j, 0, 1)'s gradient backward."""
+    j = torch.arange(head_dim, device=score.device, dtype=score.dtype)  # (dh,)
+    dims = reduced_dims(score, head_dim, threshold)  # (B, H)
+    hard = (j[None, None, :] < dims[:, :, None]).to(score.dtype)
+    if not straight_through:
+        return hard
+    soft = (score[:, :, None] * head_dim - j[None, None, :]).clamp(0.0, 1.0)
+    return hard + (soft - soft.detach())
+
+
+def side_macs(cfg: ModelConfig, n_tokens: int) -> int:
+    """Multiply-adds of one layer's scorer (D -> D/4 -> D/4 -> H) for one input: on every token."""
+    d, q = cfg.hidden_size, cfg.hidden_size // 4
+    return n_tokens * (d * q + q * q + q * cfg.n_heads)
+
+
 class AdaAttention(AdaptiveAttention):
     """Self-attention whose heads shrink to a reduced dimension on inputs the scorer finds simple."""
 
@@ -47,40 +68,29 @@ class AdaAttention(AdaptiveAttention):
         nn.init.normal_(last.weight, std=0.01)
         nn.init.constant_(last.bias, cfg.ada.init_bias)
 
+    def token_scores(self, x: torch.Tensor) -> torch.Tensor:
+        """Complexity score per token and head, in (0, 1): x (..., D) -> (..., H)."""
+        return torch.sigmoid(self.scorer(x))
+
     def mean_scores(self, x: torch.Tensor, attn_bias: torch.Tensor) -> torch.Tensor:
         """Mean complexity score per head over real tokens: x (B, N, D) -> (B, H)."""
-        c = torch.sigmoid(self.scorer(x))  # (B, N, H)
-        return masked_mean(c, real_tokens(attn_bias, x.dtype))
+        return masked_mean(self.token_scores(x), real_tokens(attn_bias, x.dtype))
 
-    def dim_mask(self, score: torch.Tensor) -> torch.Tensor:
-        """Per-dimension weights (B, H, dh): the hard choice forward, the ramp's gradient backward when training."""
-        j = torch.arange(self.head_dim, device=score.device, dtype=score.dtype)  # (dh,)
-        dims = reduced_dims(score, self.head_dim, self.cfg.ada.threshold)  # (B, H)
-        hard = (j[None, None, :] < dims[:, :, None]).to(score.dtype)
-        if not self.training:
-            return hard
-        soft = (score[:, :, None] * self.head_dim - j[None, None, :]).clamp(0.0, 1.0)
-        return hard + (soft - soft.detach())
-
-    def forward(self, x: torch.Tensor, attn_bias: torch.Tensor, head_gate: torch.Tensor | None = None) -> torch.Tensor:
-        """x (B, N, D), attn_bias (B, 1, 1, N) -> (B, N, D)."""
+    def run(self, x: torch.Tensor, attn_bias: torch.Tensor, cap: float = 1.0, progress: float = 1.0) -> LayerOutput:
+        """x (B, N, D), attn_bias (B, 1, 1, N); the scorer, not a budget, chooses the dimensions: no cap applies."""
         b, n, _ = x.shape
+        threshold = self.cfg.ada.threshold
         score = self.mean_scores(x, attn_bias)  # (B, H)
-        m = self.dim_mask(score)[:, :, None, :]  # (B, H, 1, dh)
+        m = dim_mask(score, self.head_dim, threshold, self.training)[:, :, None, :]  # (B, H, 1, dh)
         q = self._split(self.query(x)) * m
         k = self._split(self.key(x))
         v = self._split(self.value(x)) * m
         p = self.attn_dropout if self.training else 0.0
         # The scale stays 1/sqrt(d_h) at every d': training masks dimensions, it does not rescale them.
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, dropout_p=p)  # (B, H, N, dh)
-        self._score = score
-        self.stats = {"score": score.detach(), "dims": reduced_dims(score.detach(), self.head_dim,
-                                                                    self.cfg.ada.threshold)}
-        return self.output(y.transpose(1, 2).reshape(b, n, -1))
-
-    def aux_loss(self) -> torch.Tensor:
-        """lambda(t) * mean score."""
-        return ada_lambda(self.cfg.ada, self.progress) * self._score.mean()
+        usage = {"score": score.detach(), "dims": reduced_dims(score.detach(), self.head_dim, threshold)}
+        aux = ada_lambda(self.cfg.ada, progress) * score.mean()  # lambda(t) * mean score
+        return LayerOutput(self.output(y.transpose(1, 2).reshape(b, n, -1)), aux, usage)
 
 
 class AdaAttentionClassifier(AdaptiveClassifier):

@@ -63,7 +63,10 @@ def crossing_budgets(params: GateParams) -> np.ndarray:
 
 
 def head_order(params: GateParams) -> np.ndarray:
-    """Flat head indices l * H + h, earliest crossing budget first, ties by (layer, head); shape (L*H,)."""
+    """Flat unit indices l * U + u, earliest crossing budget first, ties by (layer, unit); shape (L*U,).
+
+    U is the gate units per layer: the H heads, then (whole-model scope) the feed-forward groups.
+    """
     z = crossing_logits(params).ravel()
     idx = np.arange(z.size)
     # lexsort sorts by the last key first: crossing logit, then flat index (= layer, head order).
@@ -108,6 +111,18 @@ def head_mask(
     mask = np.zeros(n_layers * n_heads, dtype=bool)
     mask[seq[:k]] = True
     return mask.reshape(n_layers, n_heads)
+
+
+def cost_prefix(order: np.ndarray, budget: float, costs: np.ndarray) -> int:
+    """Length of the longest prefix of ``order`` whose cost is at most b * sum(costs), at least 1.
+
+    METHODS.md section 6: units of unequal cost (heads, feed-forward groups) are kept in ranking order until
+    the budget's share of their multiply-adds is spent; the ranking is fixed, so kept sets are nested in b.
+    """
+    spent = np.cumsum(costs.reshape(-1)[order].astype(np.float64))  # (U_total,)
+    # The relative slack keeps b = 1 (and budgets that land exactly on a boundary) from losing a unit to rounding.
+    k = int(np.searchsorted(spent, check_budget(budget) * spent[-1] * (1.0 + 1e-12), side="right"))
+    return max(1, min(k, spent.size))
 
 
 def layer_head_orders(order: np.ndarray, n_layers: int, n_heads: int) -> np.ndarray:

@@ -7,23 +7,27 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headbudget.models.budget import GateParams, head_mask, head_order, n_kept
+from headbudget.models.budget import GateParams, head_order
 from headbudget.models.config import ModelConfig
 from headbudget.models.encoder import Encoder
+from headbudget.models.plan import BudgetPolicy, soft_cost_weights
 
 
 class GateController(nn.Module):
-    """Per-head logit a_lh and budget sensitivity beta_lh = softplus(raw_lh) (METHODS.md section 1)."""
+    """Per-unit logit a_lu and budget sensitivity beta_lu = softplus(raw_lu) (METHODS.md sections 1 and 6).
+
+    Units per layer: the H heads, then (whole-model scope) the feed-forward neuron groups.
+    """
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        shape = (cfg.n_layers, cfg.n_heads)
+        shape = (cfg.n_layers, cfg.units_per_layer)
         self.logit = nn.Parameter(torch.full(shape, cfg.gate.init_logit))
         self.raw_beta = nn.Parameter(torch.full(shape, cfg.gate.init_raw_beta))
 
     def forward(self, budget: torch.Tensor) -> torch.Tensor:
-        """budget (B,) -> soft gates g(b), shape (B, L, H), monotone non-decreasing in b."""
+        """budget (B,) -> soft gates g(b), shape (B, L, U), monotone non-decreasing in b."""
         eps = self.cfg.gate.eps
         b = budget.clamp(eps, 1.0 - eps).to(self.logit.dtype)
         lb = torch.log(b / (1.0 - b))[:, None, None]  # (B, 1, 1)
@@ -37,13 +41,16 @@ class GateController(nn.Module):
         return GateParams(a=a, beta=beta)
 
     def order(self) -> np.ndarray:
-        """Flat head ranking by crossing budget (see models/budget.py)."""
+        """Flat unit ranking by crossing budget (see models/budget.py)."""
         return head_order(self.params())
 
+    def policy(self) -> BudgetPolicy:
+        """The serving policy of the current gates: budget -> hard mask and plan."""
+        return BudgetPolicy(self.cfg, self.order())
+
     def hard_mask(self, budget: float) -> np.ndarray:
-        """The serving mask for ``budget``: bool (L, H), nested across budgets by construction."""
-        c = self.cfg
-        return head_mask(self.order(), budget, c.n_layers, c.n_heads, c.gate.structural)
+        """The serving mask for ``budget``: bool (L, U), nested across budgets by construction."""
+        return self.policy().mask(budget)
 
 
 class BudgetedClassifier(nn.Module):
@@ -62,7 +69,7 @@ class BudgetedClassifier(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, head_gate: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """input_ids, attention_mask (B, N); head_gate (B, L, H), (L, H) or None (dense) -> logits (B, C)."""
+        """input_ids, attention_mask (B, N); head_gate (B, L, U), (L, U) or None (dense) -> logits (B, C)."""
         if head_gate is not None and head_gate.dim() == 2:
             head_gate = head_gate.expand(input_ids.shape[0], -1, -1)
         h = self.encoder(input_ids, attention_mask, head_gate)  # (B, N, D)
@@ -81,24 +88,29 @@ class BudgetedClassifier(nn.Module):
         return self.classifier(self.dropout(pooled))
 
     def soft_gates(self, budget: torch.Tensor) -> torch.Tensor:
-        """Soft gates for a (B,) tensor of budgets, shape (B, L, H)."""
+        """Soft gates for a (B,) tensor of budgets, shape (B, L, U)."""
         return self.gates(budget)
 
+    def soft_cost(self, gates: torch.Tensor) -> torch.Tensor:
+        """C(b) of gates (B, L, U) -> (B,): the mean gate, or the MAC-weighted mean over all units (model scope)."""
+        weights = soft_cost_weights(self.cfg)
+        if weights is None:
+            return gates.mean(dim=(1, 2))
+        return (gates * torch.as_tensor(weights, dtype=gates.dtype, device=gates.device)).sum(dim=(1, 2))
+
     def hard_gates(self, budget: float) -> torch.Tensor:
-        """The hard mask for one budget as a float (L, H) tensor of 0s and 1s."""
+        """The hard mask for one budget as a float (L, U) tensor of 0s and 1s."""
         mask = self.gates.hard_mask(budget)
         return torch.as_tensor(mask, dtype=self.classifier.weight.dtype, device=self.classifier.weight.device)
 
     def ste_gates(self, budget: torch.Tensor) -> torch.Tensor:
         """Straight-through gates for (B,) budgets: forward is the hard mask, gradient flows through g(b)."""
-        g = self.gates(budget)  # (B, L, H)
-        c = self.cfg
-        order = self.gates.order()
-        hard = np.stack([head_mask(order, float(b), c.n_layers, c.n_heads, c.gate.structural) for b in budget])
+        g = self.gates(budget)  # (B, L, U)
+        policy = self.gates.policy()
+        hard = np.stack([policy.mask(float(b)) for b in budget])
         hard_t = torch.as_tensor(hard, dtype=g.dtype, device=g.device)
         return hard_t + (g - g.detach())  # exactly the hard mask forward (g - g is exactly 0)
 
     def hard_cost(self, budget: float) -> float:
-        """Fraction of heads the hard mask keeps: k / (L * H)."""
-        c = self.cfg
-        return n_kept(budget, c.n_layers, c.n_heads, c.gate.structural) / c.total_heads
+        """What the hard mask keeps: k / (L * H) heads, or its share of the unit MACs (whole-model scope)."""
+        return self.gates.policy().hard_cost(budget)

@@ -17,8 +17,18 @@ class GateConfig:
     structural: bool = False  # keep at least one head in every layer
     init_logit: float = 4.0  # a_lh at start: g ~ 1 at every budget, so training starts from the dense model
     init_raw_beta: float = -2.0  # softplus(-2) ~ 0.13: a small budget sensitivity to start from
+    # What a budget spans (METHODS.md section 6): "attention" gates the heads only (section 1, the published
+    # method; b is the fraction of heads), "model" gates the heads and every group of ``ffn_group``
+    # feed-forward neurons, and b is the fraction of their multiply-adds at ``ref_length`` tokens.
+    scope: str = "attention"
+    # 64 neurons: a multiple of the 16/32-wide panels MLAS's fp32 and int8 GEMM kernels pack, and about one
+    # head's multiply-adds (MiniLM at 128 tokens: a head 7.3M, a group of 64 6.3M), so both unit kinds move the
+    # cost in steps of the same size; 1536 / 64 = 24 groups per layer.
+    ffn_group: int = 64
+    ref_length: int = 128  # unit costs are taken here, so a budget's plan does not depend on the text
 
 
+SCOPES: tuple[str, ...] = ("attention", "model")
 MODEL_TYPES: tuple[str, ...] = tuple(REGISTRY)  # models/model_types.py: what each type is
 POOLERS: tuple[str, ...] = ("none", "tanh", "relu")
 
@@ -101,6 +111,16 @@ class ModelConfig:
             raise ValueError(f"unknown pooling {self.pooling!r}")
         if self.pooler not in POOLERS:
             raise ValueError(f"unknown pooler {self.pooler!r}; one of {', '.join(POOLERS)}")
+        g = self.gate
+        if g.scope not in SCOPES:
+            raise ValueError(f"unknown gate scope {g.scope!r}; one of {', '.join(SCOPES)}")
+        if g.scope == "model":
+            if g.ffn_group < 1 or self.intermediate_size % g.ffn_group:
+                raise ValueError(f"ffn_group {g.ffn_group} does not divide intermediate_size {self.intermediate_size}")
+            if g.structural:
+                raise ValueError("structural mode (a head in every layer) is for the attention scope only")
+            if g.ref_length < 1:
+                raise ValueError(f"ref_length must be positive, got {g.ref_length}")
 
     @property
     def head_dim(self) -> int:
@@ -113,6 +133,16 @@ class ModelConfig:
     @property
     def total_heads(self) -> int:
         return self.n_layers * self.n_heads
+
+    @property
+    def ffn_groups(self) -> int:
+        """Gated feed-forward neuron groups per layer: 0 unless the budget spans the whole model."""
+        return self.intermediate_size // self.gate.ffn_group if self.gate.scope == "model" else 0
+
+    @property
+    def units_per_layer(self) -> int:
+        """Gate units per layer: the heads, then the feed-forward groups (the gate tensors' last axis)."""
+        return self.n_heads + self.ffn_groups
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -34,6 +34,7 @@ class EncoderLayer(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
+        self.n_heads, self.ffn_group = cfg.n_heads, cfg.gate.ffn_group
         self.attention = GatedSelfAttention(cfg)
         self.attn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.intermediate = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
@@ -42,13 +43,19 @@ class EncoderLayer(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(
-        self, x: torch.Tensor, attn_bias: torch.Tensor, head_gate: torch.Tensor | None
+        self, x: torch.Tensor, attn_bias: torch.Tensor, gate: torch.Tensor | None
     ) -> torch.Tensor:
-        """x (B, N, D) -> (B, N, D)."""
+        """x (B, N, D), gate (B, U) or None -> (B, N, D); units: the heads, then any feed-forward groups."""
+        head_gate = None if gate is None else gate[:, : self.n_heads]
         x = self.attn_norm(x + self.dropout(self.attention(x, attn_bias, head_gate)))
         # Exact (erf) GELU, as BERT and MiniLM use.
-        h = self.ffn_out(F.gelu(self.intermediate(x)))
-        return self.ffn_norm(x + self.dropout(h))
+        h = F.gelu(self.intermediate(x))  # (B, N, I)
+        if gate is not None and gate.shape[1] > self.n_heads:
+            # A group's gate scales its neurons before the second matrix: a gate of exactly 0 removes the group's
+            # columns of W2 from the sum, which is what the engine gets by not computing them.
+            neuron_gate = gate[:, self.n_heads:].repeat_interleave(self.ffn_group, dim=1)  # (B, I)
+            h = h * neuron_gate.to(h.dtype)[:, None, :]
+        return self.ffn_norm(x + self.dropout(self.ffn_out(h)))
 
 
 class Encoder(nn.Module):
@@ -62,7 +69,7 @@ class Encoder(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, head_gate: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """input_ids, attention_mask (B, N); head_gate (B, L, H) or None -> hidden states (B, N, D)."""
+        """input_ids, attention_mask (B, N); head_gate (B, L, U) or None -> hidden states (B, N, D)."""
         x = self.embeddings(input_ids)
         # Additive bias: 0 for real tokens, a large negative number for padding; (B, 1, 1, N).
         attn_bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min

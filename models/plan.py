@@ -3,13 +3,14 @@
 A budget (or an input-adaptive model's cap) turns into a plan here, once: ``BudgetPolicy.plan`` for the budgeted
 checkpoint's nested head ranking (METHODS.md section 1). The engine executes plans, the service batches requests
 whose plans share a ``key`` and reports their ``cost``; nothing else needs to know what a budget buys. Today a
-plan keeps a prefix of each layer's head order; a new unit (feed-forward width, skipping a layer) is a new field
-here, its cost term below, and the engine's executor for it.
+plan keeps a prefix of each layer's head order and, when the budget spans the whole model (METHODS.md section
+6), a prefix of each layer's feed-forward neuron order; a new unit (skipping a layer) is a new field here, its
+cost term below, and the engine's executor for it.
 
 Cost is counted in multiply-adds (MACs) per layer, with k active heads of width d_h, n tokens, width D,
 feed-forward width I:
     attention = 3·n·D·k·d_h (Q/K/V) + n·n·d_h·k (scores) + n·n·d_h·k (values) + n·k·d_h·D (output projection)
-    FFN       = 2·n·D·I
+    FFN       = 2·n·D·I' (I' of the I neurons computed)
 plus the classifier D·C on the pooled vector. Embedding lookups, LayerNorms, softmax, GELU, biases and the
 pooling sum are not multiply-adds of a weight matrix and are left out, as in the usual transformer FLOP counts.
 """
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from headbudget.models.budget import check_budget, head_mask, layer_head_orders
+from headbudget.models.budget import check_budget, cost_prefix, head_mask, layer_head_orders
 from headbudget.models.config import ModelConfig
 
 
@@ -50,15 +51,27 @@ class Cost:
     attention_macs_dense: int  # the same with every head active
     total_macs: int  # whole forward pass (attention + feed-forward + classifier)
     total_macs_dense: int
+    neurons_active: int = 0  # feed-forward neurons computed, summed over layers
+    neurons_total: int = 0
 
     @property
     def attention_ratio(self) -> float:
-        """Fraction of the dense attention multiply-adds spent (the ``cost`` the service reports)."""
+        """Fraction of the dense attention multiply-adds spent."""
         return self.attention_macs / self.attention_macs_dense if self.attention_macs_dense else 0.0
 
     @property
     def attention_saved(self) -> int:
         return self.attention_macs_dense - self.attention_macs
+
+    @property
+    def ratio(self) -> float:
+        """Fraction of the dense whole forward pass's multiply-adds spent (the ``cost`` the service reports)."""
+        return self.total_macs / self.total_macs_dense if self.total_macs_dense else 0.0
+
+    @property
+    def saved(self) -> int:
+        """Whole-forward multiply-adds not spent."""
+        return self.total_macs_dense - self.total_macs
 
 
 def attention_macs(shape: Shape, heads: int, n_tokens: int) -> int:
@@ -67,22 +80,24 @@ def attention_macs(shape: Shape, heads: int, n_tokens: int) -> int:
     return 3 * n * d * w + 2 * n * n * w + n * w * d
 
 
-def ffn_macs(shape: Shape, n_tokens: int) -> int:
-    """MACs of one feed-forward block (two linear layers)."""
-    return 2 * n_tokens * shape.hidden * shape.intermediate
+def ffn_macs(shape: Shape, n_tokens: int, neurons: int | None = None) -> int:
+    """MACs of one feed-forward block (two linear layers) computing ``neurons`` of its neurons (all: None)."""
+    return 2 * n_tokens * shape.hidden * (shape.intermediate if neurons is None else neurons)
 
 
 @dataclass(frozen=True)
 class ExecutionPlan:
-    """What one forward pass runs: in layer l, the first ``heads[l]`` heads of that layer's head order."""
+    """What one forward pass runs: in layer l, the first ``heads[l]`` heads of that layer's head order and,
+    when the budget spans the whole model, the first ``ffn[l]`` feed-forward neurons of its neuron order."""
 
     heads: tuple[int, ...]
     n_heads: int  # heads per layer in the model
+    ffn: tuple[int, ...] | None = None  # neurons per layer; None: every neuron (attention-scope budgets)
 
     @property
     def key(self) -> Hashable:
         """Requests whose plans have equal keys run the same computation, so they can share a batch."""
-        return self.heads
+        return self.heads if self.ffn is None else (self.heads, self.ffn)
 
     @property
     def heads_active(self) -> int:
@@ -97,9 +112,14 @@ class ExecutionPlan:
         n_layers = len(self.heads)
         attn = sum(attention_macs(shape, k, n_tokens) for k in self.heads)
         attn_dense = n_layers * attention_macs(shape, shape.n_heads, n_tokens)
-        rest = n_layers * ffn_macs(shape, n_tokens) + shape.hidden * shape.n_labels
+        widths = self.ffn if self.ffn is not None else (shape.intermediate,) * n_layers
+        ffn = sum(ffn_macs(shape, n_tokens, w) for w in widths)
+        ffn_dense = n_layers * ffn_macs(shape, n_tokens)
+        head = shape.hidden * shape.n_labels
         return Cost(heads_active=self.heads_active, heads_total=self.heads_total, attention_macs=attn,
-                    attention_macs_dense=attn_dense, total_macs=attn + rest, total_macs_dense=attn_dense + rest)
+                    attention_macs_dense=attn_dense, total_macs=attn + ffn + head,
+                    total_macs_dense=attn_dense + ffn_dense + head, neurons_active=sum(widths),
+                    neurons_total=n_layers * shape.intermediate)
 
     def flop_bound_speedup(self, shape: Shape, n_tokens: int) -> float:
         """The speedup over the dense forward pass if time were proportional to multiply-adds."""
@@ -112,24 +132,72 @@ def uniform_plan(cfg: ModelConfig, heads_per_layer: int) -> ExecutionPlan:
     return ExecutionPlan(heads=(heads_per_layer,) * cfg.n_layers, n_heads=cfg.n_heads)
 
 
+def unit_costs(cfg: ModelConfig) -> np.ndarray:
+    """Each gate unit's multiply-adds at the reference length, (L, U): heads, then feed-forward groups."""
+    shape, n = Shape.of(cfg), cfg.gate.ref_length
+    row = [attention_macs(shape, 1, n)] * cfg.n_heads + [ffn_macs(shape, n, cfg.gate.ffn_group)] * cfg.ffn_groups
+    return np.tile(np.asarray(row, dtype=np.float64), (cfg.n_layers, 1))
+
+
+def soft_cost_weights(cfg: ModelConfig) -> np.ndarray | None:
+    """Weights of C(b) = sum_u w_u g_u(b) over (L, U) units, summing to 1; None: the plain mean (attention).
+
+    Attention scope keeps METHODS.md section 1's mean over heads exactly (a weighted mean with equal weights
+    rounds differently, and the sweep of an attention checkpoint must not change by a bit).
+    """
+    if cfg.gate.scope == "attention":
+        return None
+    costs = unit_costs(cfg)
+    return costs / costs.sum()  # type: ignore[no-any-return]
+
+
 class BudgetPolicy:
-    """budget -> plan for a budgeted checkpoint: the hard mask of its head ranking, as per-layer prefixes."""
+    """budget -> plan for a budgeted checkpoint: the hard mask of its unit ranking, as per-layer prefixes."""
 
     def __init__(self, cfg: ModelConfig, order: np.ndarray) -> None:
         self.cfg = cfg
-        self.order = order  # flat head ranking, (L*H,)
-        self.perms = layer_head_orders(order, cfg.n_layers, cfg.n_heads)  # (L, H)
+        self.order = order  # flat unit ranking, (L*U,)
+        h = cfg.n_heads
+        units = layer_head_orders(order, cfg.n_layers, cfg.units_per_layer)  # (L, U) per-layer unit ranking
+        self.perms = np.stack([row[row < h] for row in units])  # (L, H) heads in rank order
+        # (L, G) feed-forward groups in rank order; (L, 0) in the attention scope.
+        self.ffn_perms = np.stack([row[row >= h] - h for row in units])
+        self._costs = unit_costs(cfg) if cfg.gate.scope == "model" else None
+
+    @property
+    def neuron_perms(self) -> np.ndarray:
+        """(L, I) feed-forward neurons in rank order (a group's neurons stay together and in order)."""
+        g = self.cfg.gate.ffn_group
+        if self._costs is None:
+            return np.tile(np.arange(self.cfg.intermediate_size, dtype=np.int64), (self.cfg.n_layers, 1))
+        return (self.ffn_perms[:, :, None] * g + np.arange(g)[None, None, :]).reshape(self.cfg.n_layers, -1)
 
     def mask(self, budget: float) -> np.ndarray:
-        """The hard mask, (L, H) bool."""
+        """The hard mask, (L, U) bool: the heads, then the feed-forward groups."""
         c = self.cfg
-        return head_mask(self.order, check_budget(budget), c.n_layers, c.n_heads, c.gate.structural)
+        if self._costs is None:
+            return head_mask(self.order, check_budget(budget), c.n_layers, c.n_heads, c.gate.structural)
+        k = cost_prefix(self.order, budget, self._costs)
+        mask = np.zeros(self.order.size, dtype=bool)
+        mask[self.order[:k]] = True
+        return mask.reshape(c.n_layers, c.units_per_layer)
+
+    def hard_cost(self, budget: float) -> float:
+        """What the hard mask keeps: k / (L * H) heads (attention), or its share of the unit MACs (model)."""
+        mask = self.mask(budget)
+        if self._costs is None:
+            return float(mask.sum()) / mask.size
+        return float((self._costs * mask).sum() / self._costs.sum())
 
     def plan(self, budget: float) -> ExecutionPlan:
-        """The plan for ``budget``; the kept heads of each layer are the first ones of ``perms`` (checked)."""
+        """The plan for ``budget``; each layer's kept heads and groups lead its ``perms`` / ``ffn_perms`` (checked)."""
         mask = self.mask(budget)
-        counts = tuple(int(x) for x in mask.sum(axis=1))
-        for layer, k in enumerate(counts):
-            if not mask[layer, self.perms[layer, :k]].all():  # nestedness is what makes slices prefixes
-                raise AssertionError(f"layer {layer}: kept heads are not a prefix of the head order")
-        return ExecutionPlan(heads=counts, n_heads=self.cfg.n_heads)
+        h = self.cfg.n_heads
+        heads, groups = mask[:, :h], mask[:, h:]
+        for layer in range(self.cfg.n_layers):  # nestedness is what makes slices prefixes
+            k, g = int(heads[layer].sum()), int(groups[layer].sum())
+            if not heads[layer, self.perms[layer, :k]].all() or not groups[layer, self.ffn_perms[layer, :g]].all():
+                raise AssertionError(f"layer {layer}: kept units are not a prefix of the unit order")
+        counts = tuple(int(x) for x in heads.sum(axis=1))
+        ffn = None if self._costs is None else tuple(int(x) * self.cfg.gate.ffn_group for x in groups.sum(axis=1))
+        return ExecutionPlan(heads=counts, n_heads=h, ffn=ffn)

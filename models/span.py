@@ -4,6 +4,9 @@ Each head h has a span z_h = ratio_h * S (ratio in [0, 1], as the reference impl
 it, so one learning rate suits every S). Attention weights are m(x) exp(s) / sum m(x') exp(s') with the
 ramp m(x) = clamp((R + z - x) / R, 0, 1). m is exactly 0 for x >= z + R, so a head never needs keys further
 than ceil(z + R) - 1 tokens away: the engine truncates each head to that window and gets the same numbers.
+
+The ramp, its log and the window are functions that this module and the engine's fast path
+(engine/adaptive_types.py) both call.
 """
 
 from __future__ import annotations
@@ -14,13 +17,33 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headbudget.models.adaptive import AdaptiveAttention, AdaptiveClassifier
+from headbudget.models.adaptive import AdaptiveAttention, AdaptiveClassifier, LayerOutput
 from headbudget.models.config import ModelConfig
 
 
 def span_window(z: float, ramp: int) -> int:
     """Keys a head can see on each side, itself included: ceil(z + R) (distances 0 .. window - 1)."""
     return max(1, int(math.ceil(z + ramp - 1e-9)))
+
+
+def span_ramp(z: torch.Tensor, dist: torch.Tensor, ramp: float) -> torch.Tensor:
+    """m_z(x) = clamp((R + z - x) / R, 0, 1) for spans z (H,) at distances x of any shape -> (H, *x.shape)."""
+    z = z.reshape(-1, *([1] * dist.dim()))
+    return ((ramp + z - dist.to(z.dtype)) / ramp).clamp(0.0, 1.0)
+
+
+def log_ramp(m: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """log m, added to the scores before the softmax; where m = 0, the most negative finite number of ``dtype``.
+
+    Finite rather than -inf: a row with no visible key (a padding query) must not become NaN, which masked
+    pooling cannot remove (0 * NaN = NaN).
+    """
+    return torch.where(m > 0, torch.log(m.clamp_min(1e-30)), torch.full_like(m, torch.finfo(dtype).min))
+
+
+def side_macs(cfg: ModelConfig, n_tokens: int) -> int:
+    """Multiply-adds of one layer's side network: none, the ramp is elementwise."""
+    return 0
 
 
 class SpanAttention(AdaptiveAttention):
@@ -39,29 +62,24 @@ class SpanAttention(AdaptiveAttention):
     def ramp_mask(self, n: int, device: torch.device) -> torch.Tensor:
         """m_z(|t - r|) for every head, (H, N, N)."""
         pos = torch.arange(n, device=device)
-        dist = (pos[:, None] - pos[None, :]).abs().to(self.span_ratio.dtype)  # (N, N)
-        return ((self.ramp + self.spans()[:, None, None] - dist) / self.ramp).clamp(0.0, 1.0)
+        return span_ramp(self.spans(), (pos[:, None] - pos[None, :]).abs(), self.ramp)
 
-    def forward(self, x: torch.Tensor, attn_bias: torch.Tensor, head_gate: torch.Tensor | None = None) -> torch.Tensor:
-        """x (B, N, D), attn_bias (B, 1, 1, N) -> (B, N, D)."""
+    def run(self, x: torch.Tensor, attn_bias: torch.Tensor, cap: float = 1.0, progress: float = 1.0) -> LayerOutput:
+        """x (B, N, D), attn_bias (B, 1, 1, N); the spans are learned, not chosen per input: no cap applies."""
         b, n, _ = x.shape
         q, k, v = self._split(self.query(x)), self._split(self.key(x)), self._split(self.value(x))  # (B, H, N, dh)
         scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim) + attn_bias  # (B, H, N, N)
-        m = self.ramp_mask(n, x.device)[None]  # (1, H, N, N)
-        # log m adds the ramp before normalisation; clamp keeps rows with no visible key (padding queries)
-        # finite, where -inf would give NaN that masked pooling cannot remove (0 * NaN = NaN).
-        log_m = torch.where(m > 0, torch.log(m.clamp_min(1e-30)), torch.full_like(m, torch.finfo(x.dtype).min))
+        # log m adds the ramp before normalisation: m(x) exp(s) / sum m(x') exp(s').
+        log_m = log_ramp(self.ramp_mask(n, x.device), x.dtype)[None]  # (1, H, N, N)
         logits = (scores + log_m).clamp_min(torch.finfo(x.dtype).min)
         attn = torch.softmax(logits, dim=-1)
         if self.training and self.attn_dropout:
             attn = F.dropout(attn, self.attn_dropout)
         y = attn @ v  # (B, H, N, dh)
-        self.stats = {"span": self.spans().detach().expand(b, -1)}
-        return self.output(y.transpose(1, 2).reshape(b, n, -1))
-
-    def aux_loss(self) -> torch.Tensor:
-        """(lambda / M) * sum z over this layer's heads; averaging layers gives the sum over all M heads / M."""
-        return self.cfg.span.lambda_span * self.spans().mean()
+        z = self.spans()  # (H,)
+        # (lambda / M) * sum z over this layer's heads; averaging layers gives the sum over all M heads / M.
+        aux = self.cfg.span.lambda_span * z.mean()
+        return LayerOutput(self.output(y.transpose(1, 2).reshape(b, n, -1)), aux, {"span": z.detach().expand(b, -1)})
 
 
 class SpanClassifier(AdaptiveClassifier):

@@ -15,14 +15,19 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(1)
 
 
-def make_random_checkpoint(folder: Path, seed: int = 0, **overrides: int) -> Path:
-    """A random encoder with random (non-uniform) gate parameters, saved as a real checkpoint folder."""
+def make_random_checkpoint(folder: Path, seed: int = 0, scope: str = "attention", ffn_group: int = 64,
+                           **overrides: int) -> Path:
+    """A random encoder with random (non-uniform) gate parameters, saved as a real checkpoint folder.
+
+    ``scope="model"``: the budget spans the heads and feed-forward groups of ``ffn_group`` neurons.
+    """
     from headbudget.models.checkpoint import save_checkpoint
     from headbudget.models.config import GateConfig
     from headbudget.models.pretrained import minilm_path, random_init
     from headbudget.models.tokenizer import copy_tokenizer
 
-    model = random_init(("negative", "positive"), GateConfig(), seed=seed, **overrides)
+    gate = GateConfig(scope=scope, ffn_group=ffn_group)
+    model = random_init(("negative", "positive"), gate, seed=seed, **overrides)
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         # Spread the gates so that head rankings, and hence masks, differ from the (layer, head) order.
@@ -40,6 +45,13 @@ def make_random_checkpoint(folder: Path, seed: int = 0, **overrides: int) -> Pat
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Tiny base (2 layers x 4 heads, width 64), random weights and gates."""
     return make_random_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_scope_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny base with a whole-model budget: 4 heads and 8 feed-forward groups of 32 neurons per layer."""
+    return make_random_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-model", seed=5, scope="model",
+                                  ffn_group=32)
 
 
 @pytest.fixture(scope="session")

@@ -55,8 +55,8 @@ def distillation_loss(student: torch.Tensor, teacher: torch.Tensor, labels: torc
 
 
 def budget_losses(model: BudgetedClassifier, gates: torch.Tensor, b: float, recipe: Recipe) -> torch.Tensor:
-    """lambda_cost * C(b) + lambda_violation * max(0, C(b) - b)^2 for one batch's gates (1, L, H)."""
-    cost = gates.mean()
+    """lambda_cost * C(b) + lambda_violation * max(0, C(b) - b)^2 for one batch's gates (1, L, U)."""
+    cost = model.soft_cost(gates)[0]
     return recipe.lambda_cost * cost + recipe.lambda_violation * F.relu(cost - b) ** 2
 
 
@@ -92,7 +92,7 @@ def budget_violation(model: BudgetedClassifier, budgets: tuple[float, ...]) -> f
     """Largest soft-cost overshoot max_b max(0, C(b) - b) over the selection budgets."""
     with torch.no_grad():
         dev = model.gates.logit.device
-        costs = model.soft_gates(torch.tensor(budgets, device=dev)).mean(dim=(1, 2))  # (n_budgets,)
+        costs = model.soft_cost(model.soft_gates(torch.tensor(budgets, device=dev)))  # (n_budgets,)
     return float(max(0.0, max(c - b for c, b in zip(costs.tolist(), budgets, strict=True))))
 
 
@@ -188,7 +188,7 @@ def _stage_loss(
     if stage == "dense":
         return F.cross_entropy(model(ids, mask), y)
     if stage == "budget":
-        gates = model.soft_gates(bt)  # (1, L, H): one budget per batch
+        gates = model.soft_gates(bt)  # (1, L, U): one budget per batch
         return F.cross_entropy(model(ids, mask, gates[0]), y) + budget_losses(model, gates, b, recipe)
     if stage == "recover":
         assert teacher is not None, "recovery distils from the dense model"

@@ -11,6 +11,7 @@ from scipy.stats import spearmanr
 
 from headbudget.models.budget import BUDGET_GRID, soft_gates
 from headbudget.models.classifier import BudgetedClassifier
+from headbudget.models.plan import Shape, soft_cost_weights
 from headbudget.training.batches import TokenizedSplit
 from headbudget.training.evaluation import accuracy
 
@@ -41,20 +42,33 @@ def run_sweep(
     """Evaluate every budget; returns the sweep.json document."""
     cfg, gcfg = model.cfg, model.cfg.gate
     params = model.gates.params()
+    policy, weights = model.gates.policy(), soft_cost_weights(cfg)
+    whole_model = gcfg.scope == "model"
     points, masks = [], []
     for b in budgets:
-        mask = model.gates.hard_mask(b)
+        mask = policy.mask(b)  # (L, U)
         masks.append(mask)
+        heads = mask[:, : cfg.n_heads]
+        soft = soft_gates(params, b, gcfg.tau, gcfg.eps)
         point: dict[str, Any] = {
             "budget": b,
-            "soft_cost": float(soft_gates(params, b, gcfg.tau, gcfg.eps).mean()),
-            "hard_cost": model.hard_cost(b),
-            "heads_active": int(mask.sum()),
+            "soft_cost": float(soft.mean() if weights is None else (soft * weights).sum()),
+            "hard_cost": policy.hard_cost(b),
+            "heads_active": int(heads.sum()),
             "heads_total": cfg.total_heads,
-            "heads_per_layer": mask.sum(1).astype(int).tolist(),
-            "accuracy_soft": accuracy(model, data, "soft", b),
-            "accuracy_hard": accuracy(model, data, "hard", b),
+            "heads_per_layer": heads.sum(1).astype(int).tolist(),
         }
+        if whole_model:
+            plan = policy.plan(b)
+            assert plan.ffn is not None
+            point.update({
+                "neurons_active": sum(plan.ffn), "neurons_total": cfg.n_layers * cfg.intermediate_size,
+                "neurons_per_layer": list(plan.ffn),
+                # The whole forward pass's share at the reference length (hard_cost leaves out the classifier).
+                "macs_fraction": plan.cost(Shape.of(cfg), gcfg.ref_length).ratio,
+            })
+        point["accuracy_soft"] = accuracy(model, data, "soft", b)
+        point["accuracy_hard"] = accuracy(model, data, "hard", b)
         for name, runner in (extra_hard or {}).items():
             point[name] = runner(b)
         points.append(point)
@@ -72,6 +86,7 @@ def run_sweep(
         "n_layers": cfg.n_layers,
         "n_heads": cfg.n_heads,
         "structural": gcfg.structural,
+        **({"scope": "model", "ffn_group": gcfg.ffn_group, "ref_length": gcfg.ref_length} if whole_model else {}),
         "points": points,
         "spearman_025_075": gate_spearman(model),
         "nested": masks_nested(masks),
