@@ -7,6 +7,8 @@ from typing import Any
 
 from headbudget.models.model_types import REGISTRY, model_type
 
+SCOPES: tuple[str, ...] = ("attention", "model")
+
 
 @dataclass(frozen=True)
 class GateConfig:
@@ -27,8 +29,15 @@ class GateConfig:
     ffn_group: int = 64
     ref_length: int = 128  # unit costs are taken here, so a budget's plan does not depend on the text
 
+    def __post_init__(self) -> None:
+        if self.scope not in SCOPES:
+            raise ValueError(f"unknown gate scope {self.scope!r}; one of {', '.join(SCOPES)}")
+        if self.scope == "model" and self.structural:
+            raise ValueError("structural mode (a head in every layer) is for the attention scope only")
+        if self.ffn_group < 1 or self.ref_length < 1:
+            raise ValueError(f"ffn_group and ref_length must be positive, got {self.ffn_group}, {self.ref_length}")
 
-SCOPES: tuple[str, ...] = ("attention", "model")
+
 MODEL_TYPES: tuple[str, ...] = tuple(REGISTRY)  # models/model_types.py: what each type is
 POOLERS: tuple[str, ...] = ("none", "tanh", "relu")
 
@@ -111,16 +120,8 @@ class ModelConfig:
             raise ValueError(f"unknown pooling {self.pooling!r}")
         if self.pooler not in POOLERS:
             raise ValueError(f"unknown pooler {self.pooler!r}; one of {', '.join(POOLERS)}")
-        g = self.gate
-        if g.scope not in SCOPES:
-            raise ValueError(f"unknown gate scope {g.scope!r}; one of {', '.join(SCOPES)}")
-        if g.scope == "model":
-            if g.ffn_group < 1 or self.intermediate_size % g.ffn_group:
-                raise ValueError(f"ffn_group {g.ffn_group} does not divide intermediate_size {self.intermediate_size}")
-            if g.structural:
-                raise ValueError("structural mode (a head in every layer) is for the attention scope only")
-            if g.ref_length < 1:
-                raise ValueError(f"ref_length must be positive, got {g.ref_length}")
+        if self.gate.scope == "model" and self.intermediate_size % self.gate.ffn_group:
+            raise ValueError(f"ffn_group {self.gate.ffn_group} does not divide intermediate_size {self.intermediate_size}")
 
     @property
     def head_dim(self) -> int:

@@ -1,4 +1,4 @@
-"""Figures: accuracy vs attention cost (pareto.png)."""
+"""Figures: accuracy vs cost and vs measured latency (pareto.png), and the adaptive types' reports."""
 
 from __future__ import annotations
 
@@ -12,33 +12,91 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
-def pareto_plot(sweep: dict[str, Any], path: Path, title: str | None = None) -> Path:
-    """Accuracy vs cost: soft curve at soft cost, hard curve at k/(L*H), dense as a reference line."""
+def load_benches(*folders: Path) -> list[dict[str, Any]]:
+    """The ``headbudget bench`` documents (bench*.json) found in ``folders``, each file once."""
+    import json
+
+    docs, seen = [], set()
+    for folder in folders:
+        for path in sorted(Path(folder).glob("bench*.json")):
+            if path.resolve() in seen:
+                continue
+            seen.add(path.resolve())
+            try:
+                doc = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(doc, dict) and isinstance(doc.get("rows"), list):
+                docs.append(doc)
+    return docs
+
+
+def pareto_plot(sweep: dict[str, Any], path: Path, title: str | None = None,
+                benches: list[dict[str, Any]] | None = None) -> Path:
+    """Accuracy vs cost (soft curve at C(b), hard curve at its kept share, dense as a line); with benchmark
+    tables, a second panel: hard accuracy vs measured latency, with ORT's dense fp32 and int8 as references."""
     pts = sweep["points"]
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    whole = sweep.get("scope") == "model"
+    panels = 2 if benches else 1
+    fig, axes = plt.subplots(1, panels, figsize=(7 * panels, 4.5), dpi=120, squeeze=False)
+    ax = axes[0][0]
     ax.plot([p["soft_cost"] for p in pts], [100 * p["accuracy_soft"] for p in pts], "o--", color="tab:blue",
             label="soft gates (cost = C(b))", markersize=4)
+    hard_label = "hard prefix (cost = kept share of MACs)" if whole else "hard top-k (cost = k / (L·H))"
     ax.plot([p["hard_cost"] for p in pts], [100 * p["accuracy_hard"] for p in pts], "s-", color="tab:red",
-            label="hard top-k (cost = k / (L·H))", markersize=4)
+            label=hard_label, markersize=4)
     if any("accuracy_hard_int8" in p for p in pts):
         ax.plot([p["hard_cost"] for p in pts], [100 * p["accuracy_hard_int8"] for p in pts], "^:",
-                color="tab:green", label="hard top-k, int8 engine", markersize=4)
-    ax.axhline(100 * sweep["dense_accuracy"], color="gray", linestyle=":",
-               label=f"dense model {100 * sweep['dense_accuracy']:.1f}%")
+                color="tab:green", label=hard_label.split(" (")[0] + ", int8 engine", markersize=4)
+    dense = 100 * sweep["dense_accuracy"]
+    ax.axhline(dense, color="gray", linestyle=":", label=f"dense model {dense:.1f}%")
     for p in pts:
         if round(p["budget"], 2) in (0.1, 0.25, 0.5, 0.75):
             ax.annotate(f"b={p['budget']:.2f}", (p["hard_cost"], 100 * p["accuracy_hard"]),
                         textcoords="offset points", xytext=(4, -12), fontsize=8, color="tab:red")
-    ax.set_xlabel("attention cost (fraction of dense attention heads)")
+    ax.set_xlabel("cost (fraction of the gated units' multiply-adds)" if whole
+                  else "attention cost (fraction of dense attention heads)")
     ax.set_ylabel(f"accuracy on {sweep['split']} (%)")
     ax.set_xlim(0, 1.02)
     ax.grid(alpha=0.3)
-    ax.set_title(title or f"{sweep['dataset']}: accuracy vs attention budget (n={sweep['n_examples']})")
+    scope = "whole-model budget" if whole else "attention budget"
+    ax.set_title(title or f"{sweep['dataset']}: accuracy vs {scope} (n={sweep['n_examples']})")
     ax.legend(loc="lower right", fontsize=8)
+    if benches:
+        _latency_panel(axes[0][1], sweep, benches)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def _latency_panel(ax: Any, sweep: dict[str, Any], benches: list[dict[str, Any]]) -> None:
+    """Hard accuracy at each benchmarked budget against its measured latency, one curve per bench table."""
+    by_budget = {round(p["budget"], 4): p for p in sweep["points"]}
+    dense = 100 * sweep["dense_accuracy"]
+    colors = iter(("tab:red", "tab:green", "tab:purple", "tab:orange", "tab:brown"))
+    for doc in benches:
+        precision = str(doc.get("precision", "fp32"))
+        column = "accuracy_hard_int8" if precision == "int8" else "accuracy_hard"
+        xy = [(r["latency_ms"], 100 * by_budget[round(r["budget"], 4)][column]) for r in doc["rows"]
+              if round(r["budget"], 4) in by_budget and column in by_budget[round(r["budget"], 4)]]
+        if not xy:
+            continue
+        color = next(colors, "black")
+        where = f"{doc.get('seq_len', '?')} tokens" if doc.get("seq_len") else "data lengths"
+        ax.plot(*zip(*sorted(xy), strict=True), "s-", color=color, markersize=4,
+                label=f"this checkpoint, {precision}, {where}")
+        peers = doc.get("peers") or {}
+        peer = peers.get("ort_int8_ms" if precision == "int8" else "ort_fp32_ms")
+        if isinstance(peer, int | float):
+            ax.plot([peer], [dense], "*", color=color, markersize=11,
+                    label=f"ORT dense {precision} ({where}; dense accuracy)")
+    ax.set_xlabel("measured latency, batch 1, one thread (ms)")
+    ax.set_ylabel(f"accuracy on {sweep['split']} (%)")
+    ax.grid(alpha=0.3)
+    ax.set_xlim(left=0)
+    ax.set_title("accuracy vs measured latency")
+    ax.legend(loc="lower right", fontsize=7)
 
 
 def adaptive_plot(report: dict[str, Any], path: Path) -> Path:

@@ -13,7 +13,7 @@ from headbudget.models.classifier import BudgetedClassifier
 from headbudget.models.tokenizer import TextEncoder
 from headbudget.training.batches import TokenizedSplit, tokenize
 from headbudget.training.data import DataError, DataSet, Split, load_data
-from headbudget.training.plots import pareto_plot
+from headbudget.training.plots import load_benches, pareto_plot
 from headbudget.training.sweep import HardRunner, dense_reference, run_sweep
 
 log = logging.getLogger(__name__)
@@ -68,5 +68,5 @@ def evaluate_checkpoint(
     sweep["truncated_examples"] = data.truncated
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps(sweep, indent=2) + "\n")
-    pareto_plot(sweep, out / "pareto.png")
+    pareto_plot(sweep, out / "pareto.png", benches=load_benches(folder, out))
     return sweep

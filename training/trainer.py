@@ -40,6 +40,7 @@ class RunConfig:
     label_column: str = "label"
     device: str = "cpu"
     model_type: str = "budgeted"  # or an adaptive type: dense warm start, then its own "adapt" stage
+    scope: str = "attention"  # what a budget spans: the heads, or the whole model (GateConfig.scope)
 
     def identity(self) -> dict[str, Any]:
         d = asdict(self)
@@ -47,6 +48,8 @@ class RunConfig:
         d.pop("device")  # where it ran does not change what it is
         if d["model_type"] == "budgeted":
             d.pop("model_type")  # so run folders from before the adaptive types still resume
+        if d["scope"] == "attention":
+            d.pop("scope")  # likewise for run folders from before the whole-model scope
         return d
 
 
@@ -96,7 +99,12 @@ def train(run: RunConfig, out: Path) -> Path:
                             synthetic_size=recipe.synthetic_size)
     _check_resume(out, run)
     device = torch.device(run.device)
-    gate = GateConfig(structural=run.structural)
+    if run.scope != "attention" and run.model_type != "budgeted":
+        raise DataError(f"--scope {run.scope} is for the budgeted model type, not {run.model_type}")
+    try:
+        gate = GateConfig(structural=run.structural, scope=run.scope)
+    except ValueError as e:
+        raise DataError(str(e)) from None
     base = build_base(run.base, ds.labels, gate, run.seed, recipe.max_length)
     log.info("base: %s", base.note)
     model = base.model.to(device)

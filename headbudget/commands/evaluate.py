@@ -54,7 +54,7 @@ def _add_int8(args: argparse.Namespace) -> int:
     from headbudget.models.tokenizer import TextEncoder
     from headbudget.training.batches import tokenize
     from headbudget.training.data import load_data
-    from headbudget.training.plots import pareto_plot
+    from headbudget.training.plots import load_benches, pareto_plot
     from headbudget.training.report import align_labels
 
     path = args.out / "sweep.json"
@@ -75,7 +75,7 @@ def _add_int8(args: argparse.Namespace) -> int:
         point["accuracy_hard_int8"] = run(point["budget"])
         print(f"{point['budget']:>6.2f} fp32 {point['accuracy_hard']:.4f} int8 {point['accuracy_hard_int8']:.4f}")
     path.write_text(json.dumps(sweep, indent=2) + "\n")
-    pareto_plot(sweep, args.out / "pareto.png")
+    pareto_plot(sweep, args.out / "pareto.png", benches=load_benches(args.model, args.out))
     return 0
 
 

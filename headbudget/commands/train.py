@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from headbudget.commands.common import positive_int
-from headbudget.models.config import MODEL_TYPES
+from headbudget.models.config import MODEL_TYPES, SCOPES
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -20,6 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--out", required=True, type=Path, help="checkpoint folder (resumes if it holds this run)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--structural", action="store_true", help="keep at least one head in every layer")
+    p.add_argument("--scope", default="attention", choices=SCOPES,
+                   help="what a budget spans: attention heads only (the published method), or the whole model "
+                        "(heads and feed-forward neuron groups, b = the fraction of multiply-adds)")
     p.add_argument("--text-column", default="text")
     p.add_argument("--label-column", default="label")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
@@ -48,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     recipe = get_recipe(args.recipe, **overrides)
     run_cfg = RunConfig(base=args.base, data=args.data, recipe=recipe, seed=args.seed, structural=args.structural,
                         text_column=args.text_column, label_column=args.label_column, device=device,
-                        model_type=args.model)
+                        model_type=args.model, scope=args.scope)
     out = train(run_cfg, args.out)
     if not args.no_sweep and args.model != "budgeted":
         from headbudget.training.adaptive_report import evaluate_adaptive
@@ -61,8 +64,12 @@ def run(args: argparse.Namespace) -> int:
     elif not args.no_sweep:
         sweep = evaluate_checkpoint(out, args.data, "test", out, limit=recipe.sweep_examples, device=device)
         half = next(p for p in sweep["points"] if abs(p["budget"] - 0.5) < 1e-9)
+        kept = f"{half['heads_active']}/{half['heads_total']} heads"
+        if "neurons_active" in half:
+            kept += (f", {half['neurons_active']}/{half['neurons_total']} feed-forward neurons, "
+                     f"{half['macs_fraction']:.2f} of the multiply-adds at {sweep['ref_length']} tokens")
         print(f"{out}: dense {sweep['dense_accuracy']:.4f}, hard b=0.5 {half['accuracy_hard']:.4f} "
-              f"({half['heads_active']}/{half['heads_total']} heads) on {sweep['n_examples']} test examples")
+              f"({kept}) on {sweep['n_examples']} test examples")
     else:
         print(f"{out}: trained")
     return 0
