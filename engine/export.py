@@ -1,12 +1,12 @@
-"""One budget of a checkpoint as a standalone ONNX model: only the kept heads, every weight inside the file.
+"""One budget of a checkpoint as a standalone ONNX model: only the kept units, every weight inside the file.
 
-The graph is the engine's own whole-model graph for the budget's per-layer head counts (``build_graph``), with
-the weight store's arrays for exactly those heads (``bind``: per-layer head prefixes) written as real
-initializers instead of the in-memory placeholders the engine's sessions use. So the file computes what the
-engine computes at that budget, and plain ONNX Runtime runs it with no headbudget code: it uses standard ops
-and ONNX Runtime's com.microsoft contrib ops (FusedMatMul, Gelu; DynamicQuantizeMatMul in int8), which every
-ONNX Runtime build has. ``headbudget-export.json`` beside it says what a caller needs (inputs, labels, how
-texts are truncated).
+The graph is the engine's own whole-model graph for the budget's plan (``build_graph``: per-layer head counts
+and, for whole-model budgets, feed-forward widths), with the weight store's arrays for exactly those heads and
+neurons (``bind``: per-layer prefixes) written as real initializers instead of the in-memory placeholders the
+engine's sessions use. So the file computes what the engine computes at that budget, and plain ONNX Runtime
+runs it with no headbudget code: it uses standard ops and ONNX Runtime's com.microsoft contrib ops
+(FusedMatMul, Gelu; DynamicQuantizeMatMul in int8), which every ONNX Runtime build has.
+``headbudget-export.json`` beside it says what a caller needs (inputs, labels, how texts are truncated).
 
 Example (the second half needs only onnxruntime, numpy and tokenizers)::
 
@@ -67,10 +67,13 @@ class OnnxExport:
     heads_per_layer: tuple[int, ...]
     heads_kept: int
     heads_total: int
+    neurons_per_layer: tuple[int, ...]  # feed-forward neurons kept per layer (all of them: attention scope)
+    neurons_kept: int
+    neurons_total: int
     labels: tuple[str, ...]
     max_length: int  # the truncation length the checkpoint was trained with (else max_position)
     max_position: int  # the longest sequence the file accepts (its position table)
-    macs_fraction: float  # multiply-adds of one max_length text against the dense model's (models/plan.py)
+    macs_fraction: float  # whole-forward multiply-adds of one max_length text against the dense model's (plan.cost)
     pad_token_id: int
     source_weights_sha256: str
     size_bytes: int
@@ -90,7 +93,7 @@ def standalone(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> onnx.Mo
 
 
 def export_onnx(model_dir: Path, budget: float, out: Path, precision: Precision = "fp32") -> OnnxExport:
-    """Write ``out/model.onnx`` (the checkpoint at ``budget``, dropped heads removed) and its metadata."""
+    """Write ``out/model.onnx`` (the checkpoint at ``budget``, dropped heads and neurons removed) and its metadata."""
     model_dir, out = Path(model_dir), Path(out)
     if not 0.0 < budget <= 1.0:
         raise ExportError(f"budget must be in (0, 1], got {budget}")
@@ -102,9 +105,9 @@ def export_onnx(model_dir: Path, budget: float, out: Path, precision: Precision 
     state = load_state(model_dir, cfg)
     policy = BudgetPolicy(cfg, head_order(gate_params(state)))
     plan = policy.plan(budget)
-    counts = plan.heads
-    arrays = G.bind(pack(state, cfg, policy.perms, precision), cfg, counts, precision, {})
-    model = standalone(G.build_graph(cfg, counts, precision, arrays), arrays)
+    counts, widths = plan.heads, G.ffn_widths(cfg, plan)
+    arrays = G.bind(pack(state, cfg, policy, precision), cfg, plan, precision, {})
+    model = standalone(G.build_graph(cfg, plan, precision, arrays), arrays)
     model.producer_name = "headbudget-export"
     # The engine's graphs leave the output's shape open; a standalone file states it (the checker wants one).
     del model.graph.output[:]
@@ -119,8 +122,9 @@ def export_onnx(model_dir: Path, budget: float, out: Path, precision: Precision 
     cost = plan.cost(Shape.of(cfg), max_length)
     record = OnnxExport(
         folder=str(out), budget=budget, precision=precision, heads_per_layer=counts, heads_kept=sum(counts),
-        heads_total=cfg.total_heads, labels=cfg.labels, max_length=max_length, max_position=cfg.max_position,
-        macs_fraction=round(cost.total_macs / cost.total_macs_dense, 4), pad_token_id=cfg.pad_token_id,
+        heads_total=cfg.total_heads, neurons_per_layer=widths, neurons_kept=cost.neurons_active,
+        neurons_total=cost.neurons_total, labels=cfg.labels, max_length=max_length, max_position=cfg.max_position,
+        macs_fraction=round(cost.ratio, 4), pad_token_id=cfg.pad_token_id,
         source_weights_sha256=checkpoint_digest(model_dir), size_bytes=(out / MODEL_FILE).stat().st_size)
     meta = {k: v for k, v in asdict(record).items() if k != "folder"}
     meta |= {

@@ -1,15 +1,22 @@
-"""ONNX Runtime backend: head-sliced graphs over one shared copy of the weights, one intra-op thread.
+"""ONNX Runtime backend: head- and neuron-sliced graphs over one shared copy of the weights, one intra-op thread.
+
+A budget's plan (``BudgetPolicy.plan``, models/plan.py) says what runs: per layer the first ``heads[l]`` heads
+of the layer's head order and, for whole-model budgets (``ffn`` not None), the first ``ffn[l]`` feed-forward
+neurons of its neuron order; sessions and their cached feeds are keyed by ``plan.key``.
 
 Memory: every session receives its weights through ``SessionOptions.add_initializer`` as OrtValues over
-numpy views of one weight store (a budget's heads are a row prefix per layer, see weights.py), so sessions
-add graph structure, not weights. All sessions draw activations from one process-wide arena.
+numpy views of one weight store (a budget's heads, and neurons, are a row prefix per layer, see weights.py),
+so sessions add graph structure, not weights (int8 Q/K/V and W1 column prefixes are one copy per layer and
+width, shared). All sessions draw activations from one process-wide arena.
 
 Layouts (``EngineOptions.prepack``), measured on the AG News MiniLM-L6 checkpoint, one thread, len 128,
 batch 1, interleaved A/B in one process, medians of 30-150 rounds on a shared 2-core machine:
 - "dynamic" (prepack on, the default): ONE session serves every budget. Per layer an If node picks the
   attention branch: at all heads, weights are initializers (prepacked once); at fewer heads, the head-prefix
   slices are graph *inputs* (cached OrtValues over views of the store), which ORT never prepacks, so no
-  budget adds a packed copy. Feed-forward, embeddings and classifier are initializers, prepacked once.
+  budget adds a packed copy. Feed-forward, embeddings and classifier are initializers, prepacked once; with
+  a whole-model budget each layer's feed-forward block has its own If node (full width prepacked, or the
+  plan's neuron prefix as inputs).
   One run call per forward. fp32: b=1 18.4 ms, b=0.5 15.5, b=0.25 13.8 vs ORT dense 19.3 (a second round:
   19.7 / 16.3 / 14.2 vs 20.0); memory 151 MB over imports for all 19 budgets vs 132 MB dense (1.14x).
 - "chain" (the previous default, removed): prepacked per-layer FFN sessions and unpacked per-(layer, heads)
@@ -25,7 +32,7 @@ batch 1, interleaved A/B in one process, medians of 30-150 rounds on a shared 2-
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
@@ -70,18 +77,18 @@ class OnnxEngine(EngineBase):
         store = self.cache.load_store()
         if store is None:
             state = load_state(Path(model_dir), cfg)
-            order = head_order(gate_params(state))
-            store = pack(state, cfg, BudgetPolicy(cfg, order).perms, self.precision)
+            order = head_order(gate_params(state))  # flat unit ranking: heads (and feed-forward groups)
+            store = pack(state, cfg, BudgetPolicy(cfg, order), self.precision)
             store["order"] = order
             self.cache.save_store(store, {"checksum": info.checksum, "precision": self.precision,
                                           "layout": self.layout, "builder": G.BUILDER_VERSION})
         self.policy = BudgetPolicy(cfg, store.pop("order").astype(np.int64))
         self.store = store
-        self._slices: dict[str, np.ndarray] = {}  # int8 Q/K/V column slices shared by sessions
+        self._slices: dict[str, np.ndarray] = {}  # int8 Q/K/V and W1 column slices shared by sessions
         self._values: dict[str, ort.OrtValue] = {}  # one OrtValue per initializer name; must outlive sessions
         self._sessions: dict[Any, Runner] = {}
         self._run_options = ort.RunOptions()
-        self._feeds: dict[tuple[int, ...], dict[str, Any]] = {}
+        self._feeds: dict[Hashable, dict[str, Any]] = {}  # plan.key -> the dynamic session's per-plan inputs
         self._keep: list[np.ndarray] = []  # arrays behind cached feed OrtValues
         self._dyn: Any = None  # the C-level session of the "dynamic" layout
         self._logits = ["logits"]
@@ -114,23 +121,25 @@ class OnnxEngine(EngineBase):
             sess = self._sessions[key] = Runner(sess, self._logits)
         return sess
 
-    def _whole(self, counts: tuple[int, ...]) -> Runner:
+    def _whole(self, plan: ExecutionPlan) -> Runner:
         c, p = self.cfg, self.precision
-        arrays = G.bind(self.store, c, counts, p, self._slices)
-        name = "whole-" + "-".join(map(str, counts))
-        return self._session(counts, name, arrays, lambda: G.build_graph(c, counts, p, arrays), prepack=False)
+        arrays = G.bind(self.store, c, plan, p, self._slices)
+        name = "whole-" + "-".join(map(str, plan.heads))
+        if plan.ffn is not None:
+            name += "-n-" + "-".join(map(str, plan.ffn))
+        return self._session(plan.key, name, arrays, lambda: G.build_graph(c, plan, p, arrays), prepack=False)
 
-    def _dynamic(self, counts: tuple[int, ...]) -> tuple[Runner, dict[str, Any]]:
-        """The one all-budget session and the per-call attention inputs for ``counts`` (both cached)."""
+    def _dynamic(self, plan: ExecutionPlan) -> tuple[Runner, dict[str, Any]]:
+        """The one all-budget session and the per-call attention (and feed-forward) inputs for ``plan`` (cached)."""
         c, p = self.cfg, self.precision
         if self._dyn is None:
             init = G.dynamic_arrays(self.store, c, p, self._slices)
             self._dyn = self._session("dynamic", "dynamic", init, lambda: G.build_dynamic(c, p, init), prepack=True)
-        feeds = self._feeds.get(counts)
+        feeds = self._feeds.get(plan.key)
         if feeds is None:
-            arrays = G.dynamic_feeds(self.store, c, counts, p, self._slices)
+            arrays = G.dynamic_feeds(self.store, c, plan, p, self._slices)
             self._keep.extend(arrays.values())
-            feeds = self._feeds[counts] = {n: self._dyn.value(a) for n, a in arrays.items()}
+            feeds = self._feeds[plan.key] = {n: self._dyn.value(a) for n, a in arrays.items()}
         return self._dyn, feeds
 
     # -- EngineBase -------------------------------------------------------------------------------------
@@ -138,21 +147,19 @@ class OnnxEngine(EngineBase):
         return self.policy.plan(budget)
 
     def forward_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray, plan: ExecutionPlan) -> np.ndarray:
-        counts = plan.heads
         ro = self._run_options
         if self.layout == "whole":
-            feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
-            whole = self._whole(counts)
+            whole = self._whole(plan)
             return whole.run({"input_ids": whole.value(input_ids), "attention_mask": whole.value(attention_mask)}, ro)
-        sess, feeds = self._dynamic(counts)
+        sess, feeds = self._dynamic(plan)
         # The cached feed dict is reused in place (an engine is single-threaded): no per-call dict copy.
         feeds["input_ids"], feeds["attention_mask"] = sess.value(input_ids), sess.value(attention_mask)
         return sess.run(feeds, ro)
 
     def bare_run(self, input_ids: np.ndarray, attention_mask: np.ndarray, budget: float) -> object:
         """The session run alone, feeds prepared outside the timing path (the benchmark's overhead split)."""
-        counts = self.plan(budget).heads
-        sess, feeds = (self._whole(counts), {}) if self.layout == "whole" else self._dynamic(counts)
+        plan = self.plan(budget)
+        sess, feeds = (self._whole(plan), {}) if self.layout == "whole" else self._dynamic(plan)
         key = (id(input_ids), id(attention_mask))
         if self._bare_key != key:  # wrap once per input pair, as the timing loop reuses the same arrays
             self._bare_key, self._bare = key, (sess.value(input_ids), sess.value(attention_mask))

@@ -6,9 +6,12 @@ one Q/K/V GEMM per layer, FusedMatMul for scaled scores, DynamicQuantizeMatMul f
 the exporter's patterns being fused, (2) reference every weight by name so that all budgets' sessions share one copy of each array
 (``bind`` returns numpy *views* for head prefixes), and (3) keep torch out of the serving process.
 
-A graph is determined by the per-layer head counts ``layer_k``; the kept heads of layer l are the first
-layer_k[l] heads of the layer's permuted order (engine/weights.py). A layer with no head passes
-LN(x + b_O), which is exactly what the reference model computes with every gate at 0.
+A graph is determined by an execution plan: the per-layer head counts ``plan.heads`` and, for whole-model
+budgets, the per-layer feed-forward widths ``plan.ffn``; the kept heads of layer l are the first heads[l] heads
+of the layer's permuted order and its kept neurons the first ffn[l] neurons of its neuron order
+(engine/weights.py). A layer with no head passes LN(x + b_O), one with no neuron LN(x + b_2), which is exactly
+what the reference model computes with those gates at 0. Attention-scope plans (``ffn`` None) build exactly the
+graphs they built before feed-forward budgets existed.
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ import onnx
 from onnx import TensorProto, helper
 
 from headbudget.engine.types import Precision
-from headbudget.engine.weights import Arrays
+from headbudget.engine.weights import Arrays, w1_by_rows
 from headbudget.models.config import ModelConfig
+from headbudget.models.plan import ExecutionPlan
 
 # Bump whenever the graph or the weight layout changes: it is part of the on-disk cache key.
-BUILDER_VERSION = 6
+# 7: whole-model budgets (neuron-ordered feed-forward store, feed-forward prefixes in the graphs).
+BUILDER_VERSION = 7
 OPSET = 17
 MS = "com.microsoft"
 _NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int8): TensorProto.INT8}
@@ -55,16 +60,45 @@ def _sliced(store: Arrays, layer: int, k: int, dh: int, precision: Precision, ca
     return out
 
 
+def _ffn_sliced(store: Arrays, cfg: ModelConfig, layer: int, w: int, precision: Precision,
+                cache: dict[str, np.ndarray]) -> Arrays:
+    """The arrays of one feed-forward block at its first w neurons (0 < w < I): views, but int8 W1 copies."""
+    p = f"l{layer}."
+    out: Arrays = {f"{p}b1.n{w}": store[f"{p}b1"][:w], f"{p}w2.n{w}": store[f"{p}w2"][:w]}  # W2 (I, D) rows
+    key = f"{p}w1.n{w}"
+    if w1_by_rows(cfg, precision):
+        out[key] = store[f"{p}w1"][:w]  # (w, D) row prefix: a view
+    else:
+        # int8 W1 is (D, I): a column prefix is not contiguous, one copy per (layer, w), shared by every session.
+        if key not in cache:
+            cache[key] = np.ascontiguousarray(store[f"{p}w1"][:, :w])
+        out[key] = cache[key]
+    if precision == "int8":
+        out[f"{p}w1_s.n{w}"] = store[f"{p}w1_s"][:w]
+    return out
+
+
+def ffn_widths(cfg: ModelConfig, plan: ExecutionPlan) -> tuple[int, ...]:
+    """Neurons computed per layer: the plan's, or all of them (attention-scope plans)."""
+    return plan.ffn if plan.ffn is not None else (cfg.intermediate_size,) * cfg.n_layers
+
+
 def bind(
-    store: Arrays, cfg: ModelConfig, layer_k: Sequence[int], precision: Precision, cache: dict[str, np.ndarray]
+    store: Arrays, cfg: ModelConfig, plan: ExecutionPlan, precision: Precision, cache: dict[str, np.ndarray]
 ) -> Arrays:
-    """Every initializer the graph for ``layer_k`` names, as arrays backed by ``store`` (or ``cache``)."""
+    """Every initializer the graph for ``plan`` names, as arrays backed by ``store`` (or ``cache``)."""
     out: Arrays = {n: store[n] for n in _shared(cfg, precision)}
-    for layer, k in enumerate(layer_k):
+    int8 = precision == "int8"
+    for layer, (k, w) in enumerate(zip(plan.heads, ffn_widths(cfg, plan), strict=True)):
         p = f"l{layer}."
-        names = ["bo", "ln1_g", "ln1_b", "w1", "b1", "w2", "b2", "ln2_g", "ln2_b"]
-        if precision == "int8":
-            names += ["w1_s", "w2_s"] + (["wo_s"] if k else [])
+        names = ["bo", "ln1_g", "ln1_b", "b2", "ln2_g", "ln2_b"]
+        if w == cfg.intermediate_size:
+            names += ["w1", "b1", "w2"] + (["w1_s", "w2_s"] if int8 else [])
+        elif w:
+            names += ["w2_s"] if int8 else []
+            out.update(_ffn_sliced(store, cfg, layer, w, precision, cache))
+        if int8 and k:
+            names.append("wo_s")
         out.update({p + n: store[p + n] for n in names})
         if k:
             out.update(_sliced(store, layer, k, cfg.head_dim, precision, cache))
@@ -138,11 +172,24 @@ class _Graph:
         o = self.linear(ctx, f"{p}wo{sfx}", p + "bo", p + "wo_s")  # (B*N, D)
         return self.add_norm(o, x, p + "ln1_g", p + "ln1_b")
 
-    def ffn(self, x: str, layer: int) -> str:
-        """LN(x + W2·GELU(W1·x + b1) + b2), exact (erf) GELU.  (B*N, D)"""
+    def ffn(self, x: str, layer: int, w: int | None) -> str:
+        """LN(x + W2·GELU(W1·x + b1) + b2) over the first w neurons, exact (erf) GELU; LN(x + b2) when w = 0.
+
+        ``w`` = I: the store's full matrices; 0 < w < I: the ``bind`` slices ``l{layer}.w1.n{w}`` ...;
+        ``w=None``: the width is decided per call, the slices are graph inputs ``l{layer}.ffn_w1`` ...
+        (see ``dynamic_feeds``).  (B*N, D)
+        """
         p = f"l{layer}."
-        h = self.op("Gelu", [self.linear(x, p + "w1", p + "b1", p + "w1_s")], domain=MS)  # (B*N, I)
-        return self.add_norm(self.linear(h, p + "w2", p + "b2", p + "w2_s"), x, p + "ln2_g", p + "ln2_b")
+        if w == 0:
+            return self.add_norm(p + "b2", x, p + "ln2_g", p + "ln2_b")
+        if w is None:
+            w1, b1, w2, w1_s = p + "ffn_w1", p + "ffn_b1", p + "ffn_w2", p + "ffn_w1_s"
+        else:
+            sfx = "" if w == self.cfg.intermediate_size else f".n{w}"
+            w1, b1, w2, w1_s = p + "w1" + sfx, p + "b1" + sfx, p + "w2" + sfx, p + "w1_s" + sfx
+        rows = w1_by_rows(self.cfg, self.precision)
+        h = self.op("Gelu", [self.linear(x, w1, b1, w1_s, trans_b=rows)], domain=MS)  # (B*N, w)
+        return self.add_norm(self.linear(h, w2, p + "b2", p + "w2_s"), x, p + "ln2_g", p + "ln2_b")
 
     def embed(self, ids: str) -> str:
         """(B, N) ids -> LN(word + position + token type 0), flattened to (B*N, D)."""
@@ -228,23 +275,25 @@ _X = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["tokens", "hidden"])
 _BIAS = helper.make_tensor_value_info("bias", TensorProto.FLOAT, ["batch", 1, 1, "seq"])
 
 
-def build_graph(cfg: ModelConfig, layer_k: Sequence[int], precision: Precision, arrays: Arrays) -> onnx.ModelProto:
-    """The whole classifier for per-layer head counts ``layer_k``; weights are placeholders named as ``bind``."""
+def build_graph(cfg: ModelConfig, plan: ExecutionPlan, precision: Precision, arrays: Arrays) -> onnx.ModelProto:
+    """The whole classifier for ``plan`` (heads and feed-forward widths); weights are placeholders named as ``bind``."""
     g = _Graph(cfg, precision)
     bn = g.op("Shape", ["input_ids"])  # (2,) = [B, N]
     bias = g.mask_bias("attention_mask")
     x = g.embed("input_ids")
-    for layer, k in enumerate(layer_k):
-        x = g.ffn(g.attention(x, bn, bias, layer, k), layer)
+    for layer, (k, w) in enumerate(zip(plan.heads, ffn_widths(cfg, plan), strict=True)):
+        x = g.ffn(g.attention(x, bn, bias, layer, k), layer, w)
     logits = g.classify(x, bn, "attention_mask")  # (B, C)
     return _model(g, [_IDS, _MASK], {"logits": logits}, arrays)
 
 
 def dynamic_arrays(store: Arrays, cfg: ModelConfig, precision: Precision, cache: dict[str, np.ndarray]) -> Arrays:
-    """The initializers of ``build_dynamic``: all but the sliced attention weights, which are fed per call.
+    """The initializers of ``build_dynamic``: all but the sliced attention (and feed-forward) weights, fed per call.
 
     The full-width attention weights (``l{l}.wqkv.k{H}`` ...) are initializers of the If branch that runs a
-    layer at all its heads: they are views of the store, and that branch's Gemms get prepacked.
+    layer at all its heads: they are views of the store, and that branch's Gemms get prepacked. The full
+    feed-forward matrices (``l{l}.w1`` ...) are likewise prepacked, used by every budget (attention scope) or
+    by the If branch that runs a layer at all its neurons (whole-model budgets).
     """
     names = ["bo", "ln1_g", "ln1_b", "w1", "b1", "w2", "b2", "ln2_g", "ln2_b"]
     names += ["w1_s", "w2_s", "wo_s"] if precision == "int8" else []
@@ -255,13 +304,15 @@ def dynamic_arrays(store: Arrays, cfg: ModelConfig, precision: Precision, cache:
     return out
 
 
-def dynamic_feeds(store: Arrays, cfg: ModelConfig, layer_k: Sequence[int], precision: Precision,
+def dynamic_feeds(store: Arrays, cfg: ModelConfig, plan: ExecutionPlan, precision: Precision,
                   cache: dict[str, np.ndarray]) -> Arrays:
-    """The per-call inputs of ``build_dynamic`` for head counts ``layer_k`` (views of ``store`` or ``cache``).
+    """The per-call inputs of ``build_dynamic`` for ``plan`` (views of ``store`` or ``cache``).
 
     A layer with no head gets one all-zero head: Q = K = V = 0 and a zero W_O slice, so it adds exactly b_O,
     which is what the reference computes (one head's worth of wasted work, only in empty layers). A layer at
-    all its heads takes the If branch with prepacked weights and gets a one-head dummy input too.
+    all its heads takes the If branch with prepacked weights and gets a one-head dummy input too. The
+    feed-forward block (whole-model budgets) does the same: a layer with no neuron gets one zero neuron
+    (GELU(0) = 0 times a zero W2 row: it adds exactly b2), and a full layer a one-neuron dummy.
     """
     dh, d, n_heads = cfg.head_dim, cfg.hidden_size, cfg.n_heads
     int8 = precision == "int8"
@@ -271,7 +322,7 @@ def dynamic_feeds(store: Arrays, cfg: ModelConfig, layer_k: Sequence[int], preci
         cache["zero_b"] = np.zeros(3 * dh, np.float32)
         cache["one_s"] = np.ones(3 * dh, np.float32)
     out: Arrays = {}
-    for layer, k in enumerate(layer_k):
+    for layer, k in enumerate(plan.heads):
         p = f"l{layer}."
         out[p + "full"] = np.array(k == n_heads)
         if 0 < k < n_heads:
@@ -286,6 +337,34 @@ def dynamic_feeds(store: Arrays, cfg: ModelConfig, layer_k: Sequence[int], preci
         kk = k if 0 < k < n_heads else 1
         out[p + "heads"] = np.array([kk, 3, dh], np.int64)
         out[p + "flat"] = np.array([-1, kk * dh], np.int64)
+    if cfg.ffn_groups:
+        out.update(_ffn_feeds(store, cfg, ffn_widths(cfg, plan), precision, cache))
+    return out
+
+
+def _ffn_feeds(store: Arrays, cfg: ModelConfig, widths: Sequence[int], precision: Precision,
+               cache: dict[str, np.ndarray]) -> Arrays:
+    """The feed-forward part of ``dynamic_feeds``: per layer the full flag and the neuron-prefix slices."""
+    d, full_width, int8 = cfg.hidden_size, cfg.intermediate_size, precision == "int8"
+    if "zero_w1" not in cache:
+        rows = w1_by_rows(cfg, precision)
+        cache["zero_w1"] = np.zeros((1, d) if rows else (d, 1), np.int8 if int8 else np.float32)
+        cache["zero_w2"] = np.zeros((1, d), np.int8 if int8 else np.float32)
+        cache["zero_b1"] = np.zeros(1, np.float32)
+        cache["one_s1"] = np.ones(1, np.float32)
+    out: Arrays = {}
+    for layer, w in enumerate(widths):
+        p = f"l{layer}."
+        out[p + "ffn_full"] = np.array(w == full_width)
+        if 0 < w < full_width:
+            sliced = _ffn_sliced(store, cfg, layer, w, precision, cache)
+            out.update({f"{p}ffn_{n}": sliced[f"{p}{n}.n{w}"] for n in ("w1", "b1", "w2")})
+            if int8:
+                out[p + "ffn_w1_s"] = sliced[f"{p}w1_s.n{w}"]
+        else:
+            out.update({p + "ffn_w1": cache["zero_w1"], p + "ffn_b1": cache["zero_b1"], p + "ffn_w2": cache["zero_w2"]})
+            if int8:
+                out[p + "ffn_w1_s"] = cache["one_s1"]
     return out
 
 
@@ -293,8 +372,10 @@ def build_dynamic(cfg: ModelConfig, precision: Precision, arrays: Arrays) -> onn
     """The whole classifier for every budget in one graph; per layer, If(full) picks the attention branch.
 
     All heads: weights are initializers, prepacked once. Fewer heads: the head-prefix slices are graph
-    inputs (``dynamic_feeds``), never prepacked, so no budget adds a packed copy. Feed-forward, norms,
-    embeddings and classifier are initializers, prepacked once and used by every budget.
+    inputs (``dynamic_feeds``), never prepacked, so no budget adds a packed copy. Norms, embeddings and
+    classifier are initializers, prepacked once and used by every budget; so is the feed-forward block for
+    attention-scope checkpoints. Whole-model budgets give the feed-forward block its own If(ffn_full): all
+    neurons, prepacked initializers; fewer, the neuron-prefix slices as inputs.
     """
     g = _Graph(cfg, precision)
     bn = g.op("Shape", ["input_ids"])  # (2,) = [B, N]
@@ -315,6 +396,19 @@ def build_dynamic(cfg: ModelConfig, precision: Precision, arrays: Arrays) -> onn
         h = x
         x = g.switch(p + "full", partial(_Graph.attention, x=h, bn=bn, bias=bias, layer=layer, k=cfg.n_heads),
                      partial(_Graph.attention, x=h, bn=bn, bias=bias, layer=layer, k=None))
-        x = g.ffn(x, layer)
+        if not cfg.ffn_groups:  # attention scope: every neuron, every budget
+            x = g.ffn(x, layer, cfg.intermediate_size)
+            continue
+        rows = w1_by_rows(cfg, precision)
+        inputs += [helper.make_tensor_value_info(p + "ffn_full", TensorProto.BOOL, []),
+                   helper.make_tensor_value_info(p + "ffn_w1", wtype, [None, cfg.hidden_size] if rows
+                                                 else [cfg.hidden_size, None]),
+                   helper.make_tensor_value_info(p + "ffn_b1", TensorProto.FLOAT, [None]),
+                   helper.make_tensor_value_info(p + "ffn_w2", wtype, [None, cfg.hidden_size])]
+        if precision == "int8":
+            inputs.append(helper.make_tensor_value_info(p + "ffn_w1_s", TensorProto.FLOAT, [None]))
+        h = x
+        x = g.switch(p + "ffn_full", partial(_Graph.ffn, x=h, layer=layer, w=cfg.intermediate_size),
+                     partial(_Graph.ffn, x=h, layer=layer, w=None))
     logits = g.classify(x, bn, "attention_mask")  # (B, C)
     return _model(g, inputs, {"logits": logits}, arrays)

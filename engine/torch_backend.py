@@ -1,7 +1,7 @@
-"""Reference backend: the training-time PyTorch model with the hard head mask as its gate.
+"""Reference backend: the training-time PyTorch model with the hard mask as its gate.
 
-It computes every head and multiplies the skipped ones by exactly 0, so it is what the ONNX backend must
-match, not a fast path. One intra-op thread (torch's setting is process-wide, so it is set at load).
+It computes every head (and every feed-forward neuron) and multiplies the skipped ones by exactly 0, so it is
+what the ONNX backend must match, not a fast path. One intra-op thread (torch's setting is process-wide, so it is set at load).
 """
 
 from __future__ import annotations
@@ -32,16 +32,18 @@ class TorchEngine(EngineBase):
         super().__init__(model_dir, self.model.cfg, options)
         torch.set_num_threads(options.threads)
         self.info = info
+        self.policy = self.model.gates.policy()  # the gates are fixed in eval: one ranking for every budget
         self._masks: dict[Hashable, np.ndarray] = {}
 
     def make_plan(self, budget: float) -> ExecutionPlan:
-        mask = self.model.gates.hard_mask(budget)  # (L, H) bool
-        plan = ExecutionPlan(heads=tuple(int(x) for x in mask.sum(axis=1)), n_heads=self.cfg.n_heads)
-        self._masks[plan.key] = mask  # the executor's form of the plan: nested masks, so the counts fix the mask
+        plan = self.policy.plan(budget)
+        # The executor's form of the plan: the (L, U) mask of heads and feed-forward groups. Masks are nested,
+        # so the plan's per-layer counts fix the mask and its key may stand for it.
+        self._masks[plan.key] = self.policy.mask(budget)
         return plan
 
     def forward_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray, plan: ExecutionPlan) -> np.ndarray:
-        gate = torch.as_tensor(self._masks[plan.key], dtype=torch.float32)  # (L, H)
+        gate = torch.as_tensor(self._masks[plan.key], dtype=torch.float32)  # (L, U)
         with torch.inference_mode():
             logits = self.model(torch.from_numpy(input_ids), torch.from_numpy(attention_mask.astype(np.int64)), gate)
         out: np.ndarray = logits.numpy()  # (B, C)

@@ -1,0 +1,171 @@
+"""Whole-model budgets (METHODS.md section 6) on the engines: a plan drops heads and feed-forward neurons, the
+ONNX engine gives the masked reference model's logits at every budget in both layouts, int8 mostly agrees, and
+the standalone export holds only the kept neurons (issue 16)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from headbudget.engine.base import pad
+from headbudget.engine.factory import load_engine
+from headbudget.engine.types import EngineOptions, ExecutionPlan
+from headbudget.models.budget import BUDGET_GRID
+from headbudget.models.checkpoint import load_checkpoint
+from headbudget.models.classifier import BudgetedClassifier
+from headbudget.models.plan import Shape
+from tests.conftest import make_random_checkpoint, run_cli
+from tests.engine.test_export import bare_logits, engine_logits
+from tests.engine.test_parity import TEXTS
+
+LAYOUTS = [
+    pytest.param(EngineOptions(), id="ort-dynamic"),
+    pytest.param(EngineOptions(prepack=False), id="ort-whole"),
+    pytest.param(EngineOptions(backend="torch"), id="torch"),
+]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_scope_checkpoint: Path) -> BudgetedClassifier:
+    model, _ = load_checkpoint(tiny_model_scope_checkpoint)
+    return model
+
+
+@pytest.fixture(scope="module")
+def minilm_model_scope_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """MiniLM's shape with a whole-model budget: 12 heads and 24 groups of 64 neurons per layer."""
+    return make_random_checkpoint(tmp_path_factory.mktemp("ckpt") / "minilm-model", seed=3, scope="model",
+                                  ffn_group=64, hidden_size=384, n_layers=6, n_heads=12, intermediate_size=1536,
+                                  max_position=512)
+
+
+def _inputs(engine: object) -> tuple[np.ndarray, np.ndarray]:
+    return pad(engine.encoder.encode(TEXTS).ids, 0)  # type: ignore[attr-defined]
+
+
+def _logits(model: BudgetedClassifier, ids: np.ndarray, mask: np.ndarray, budget: float) -> np.ndarray:
+    with torch.no_grad():
+        out = model(torch.from_numpy(ids), torch.from_numpy(mask.astype(np.int64)), model.hard_gates(budget))
+    return out.numpy()  # type: ignore[no-any-return]
+
+
+def test_plans_are_nested_over_heads_and_neurons(tiny_model_scope_checkpoint: Path, reference: BudgetedClassifier,
+                                                 tmp_path: Path) -> None:
+    engine = load_engine(tiny_model_scope_checkpoint, EngineOptions(cache_dir=tmp_path))
+    cfg, policy = reference.cfg, reference.gates.policy()
+    plans = [engine.plan(b) for b in BUDGET_GRID]
+    assert plans == [policy.plan(b) for b in BUDGET_GRID]  # the engine runs the model's plans
+    for b, plan in zip(BUDGET_GRID, plans, strict=True):
+        assert plan.ffn is not None
+        mask = policy.mask(b)  # (L, U): the plan's counts are the mask's, heads and groups
+        assert plan.heads == tuple(mask[:, : cfg.n_heads].sum(1)) and plan.ffn == tuple(
+            mask[:, cfg.n_heads:].sum(1) * cfg.gate.ffn_group)
+    for small, big in zip(plans[:-1], plans[1:], strict=True):  # kept sets never shrink as b grows, both kinds
+        assert small.ffn is not None and big.ffn is not None
+        assert all(a <= b for a, b in zip(small.heads, big.heads, strict=True))
+        assert all(a <= b for a, b in zip(small.ffn, big.ffn, strict=True))
+    assert plans[-1] == ExecutionPlan(heads=(cfg.n_heads,) * cfg.n_layers, n_heads=cfg.n_heads,
+                                      ffn=(cfg.intermediate_size,) * cfg.n_layers)
+    # The grid exercises what the executors special-case: layers with no head, no neuron, neither (b = 0.1 on this
+    # checkpoint), and part of a layer's neurons.
+    pairs = [(k, w) for p in plans for k, w in zip(p.heads, p.ffn or (), strict=True)]
+    assert any(k == 0 < w for k, w in pairs) and any(w == 0 < k for k, w in pairs) and (0, 0) in pairs
+    assert any(0 < w < cfg.intermediate_size for _, w in pairs)
+
+
+@pytest.mark.parametrize("options", LAYOUTS)
+def test_fp32_matches_masked_reference_at_every_budget(tiny_model_scope_checkpoint: Path,
+                                                       reference: BudgetedClassifier, options: EngineOptions,
+                                                       tmp_path: Path) -> None:
+    engine = load_engine(tiny_model_scope_checkpoint, EngineOptions(**{**options.__dict__, "cache_dir": tmp_path}))
+    ids, mask = _inputs(engine)
+    assert len(set(mask.sum(1))) == len(TEXTS)  # a padded batch of different lengths
+    for b in BUDGET_GRID:
+        result = engine.predict(TEXTS, b)
+        got = np.array([p.logits for p in result.predictions])
+        np.testing.assert_allclose(got, _logits(reference, ids, mask, b), atol=1e-4, rtol=0, err_msg=f"budget {b}")
+        plan = engine.plan(b)
+        assert result.heads_active == plan.heads_active
+        for p in result.predictions:  # each answer's cost counts the plan's heads and neurons at its length
+            assert p.cost == plan.cost(Shape.of(reference.cfg), p.n_tokens)
+            assert p.cost.neurons_active == sum(plan.ffn or ())
+    if options.backend == "onnxruntime" and options.prepack:
+        assert engine.n_sessions == 1  # type: ignore[attr-defined]  # one session served all 19 budgets
+
+
+def test_int8_runs_and_mostly_agrees(tiny_model_scope_checkpoint: Path, reference: BudgetedClassifier,
+                                     tmp_path: Path) -> None:
+    """As the attention scope's int8 test: quantization noise, not a different model; both layouts alike."""
+    dynamic = load_engine(tiny_model_scope_checkpoint, EngineOptions(precision="int8", cache_dir=tmp_path))
+    whole = load_engine(tiny_model_scope_checkpoint, EngineOptions(precision="int8", prepack=False,
+                                                                   cache_dir=tmp_path))
+    ids, mask = _inputs(dynamic)
+    agree = total = 0
+    for b in BUDGET_GRID:
+        got = dynamic.predict_ids(ids, mask, b)  # type: ignore[attr-defined]
+        ref = _logits(reference, ids, mask, b)
+        assert np.isfinite(got).all()
+        assert np.abs(got - ref).max() < 0.25, f"budget {b}"
+        agree += int((got.argmax(1) == ref.argmax(1)).sum())
+        total += len(ids)
+        # The same int8 weights and the same per-call activation quantization: the layouts agree closely.
+        np.testing.assert_allclose(whole.predict_ids(ids, mask, b), got, atol=1e-5, rtol=0)  # type: ignore[attr-defined]
+    assert agree >= 0.75 * total
+
+
+def test_minilm_shaped(minilm_model_scope_checkpoint: Path, tmp_path: Path) -> None:
+    """MiniLM's shape (groups of 64 neurons): fp32 at 1e-4 of the reference, int8 as the attention scope's test."""
+    model, _ = load_checkpoint(minilm_model_scope_checkpoint)
+    fp32 = load_engine(minilm_model_scope_checkpoint, EngineOptions(cache_dir=tmp_path))
+    int8 = load_engine(minilm_model_scope_checkpoint, EngineOptions(precision="int8", cache_dir=tmp_path))
+    ids, mask = _inputs(fp32)
+    agree = total = 0
+    for b in (1.0, 0.5, 0.25):
+        plan = fp32.plan(b)
+        assert plan.ffn is not None and (b == 1.0 or sum(plan.ffn) < model.cfg.n_layers * model.cfg.intermediate_size)
+        ref = _logits(model, ids, mask, b)
+        np.testing.assert_allclose(fp32.predict_ids(ids, mask, b), ref, atol=1e-4, rtol=0)  # type: ignore[attr-defined]
+        got = int8.predict_ids(ids, mask, b)  # type: ignore[attr-defined]
+        assert np.isfinite(got).all() and np.abs(got - ref).max() < 0.25
+        agree += int((got.argmax(1) == ref.argmax(1)).sum())
+        total += len(ids)
+    assert agree >= 0.75 * total
+
+
+def _ffn_weights(folder: Path, n_layers: int) -> list[dict[str, tuple[int, ...]]]:
+    """Per layer, the shapes of the exported file's W1 and W2 initializers (any slice suffix)."""
+    inits = {t.name: tuple(t.dims) for t in onnx.load(str(folder / "model.onnx")).graph.initializer}
+    return [{n.split(".")[1]: s for n, s in inits.items() if n.split(".")[:2] in ([f"l{layer}", "w1"],
+                                                                                    [f"l{layer}", "w2"])}
+            for layer in range(n_layers)]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_export_drops_the_neurons_and_gives_the_engines_logits(tiny_model_scope_checkpoint: Path,
+                                                                reference: BudgetedClassifier, tmp_path: Path,
+                                                                precision: str) -> None:
+    cfg = reference.cfg
+    for b in (0.5, 1.0):
+        proc = run_cli("export", "--model", str(tiny_model_scope_checkpoint), "--budget", str(b),
+                       "--precision", precision, "--out", str(tmp_path / str(b)))
+        assert proc.returncode == 0, proc.stderr
+    plan = reference.gates.policy().plan(0.5)
+    assert plan.ffn is not None
+    meta = json.loads((tmp_path / "0.5" / "headbudget-export.json").read_text())
+    assert tuple(meta["heads_per_layer"]) == plan.heads and tuple(meta["neurons_per_layer"]) == plan.ffn
+    assert meta["neurons_kept"] == sum(plan.ffn) < meta["neurons_total"] == cfg.n_layers * cfg.intermediate_size
+    assert meta["macs_fraction"] == round(plan.cost(Shape.of(cfg), meta["max_length"]).ratio, 4) < 1.0
+    np.testing.assert_allclose(bare_logits(tmp_path / "0.5"), engine_logits(
+        tiny_model_scope_checkpoint, 0.5, precision, tmp_path / "cache"), atol=1e-4, rtol=0)
+    half, dense = _ffn_weights(tmp_path / "0.5", cfg.n_layers), _ffn_weights(tmp_path / "1.0", cfg.n_layers)
+    d = cfg.hidden_size
+    for layer, w in enumerate(plan.ffn):  # W1 and W2 of exactly the kept neurons, or none at all
+        w1 = (w, d) if precision == "fp32" else (d, w)
+        assert half[layer] == ({"w1": w1, "w2": (w, d)} if w else {}), f"layer {layer}"
+    assert sum(np.prod(s) for layer in half for s in layer.values()) < sum(
+        np.prod(s) for layer in dense for s in layer.values())
