@@ -8,6 +8,7 @@ by exactly 0. This engine gets the same numbers without computing them:
   multiplying only the B + 2w - 2 keys its queries can reach (the ramp zeroes the few beyond w), heads with
   equal windows batched (heads are sorted by window at load); see ``_span`` for why not a strict window.
 - AdaAttention: per input, each head's d' from the scorer; Q/K/V rows and W_O columns sliced to d'.
+What each type chooses is engine/adaptive_types.py's (looked up once, at load), on models/' functions.
 Every input runs at its own length (no padding). Inputs of a batch are packed into one (T, D) token matrix so
 the feed-forward blocks and the projections of inputs that share a plan run as one matmul (``grouped``).
 """
@@ -26,32 +27,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headbudget.engine.adaptive_cost import (
-    Usage,
-    extra_macs,
-    plan_macs,
-    span_block,
-    span_blocked,
-    span_pairs,
-    usage_cost,
-)
+from headbudget.engine.adaptive_cost import Usage, plan_macs, span_block, span_blocked, span_pairs, usage_cost
+from headbudget.engine.adaptive_types import Group, Layout, Plan, Weights, segment_mean, type_path
 from headbudget.engine.base import EngineBase, check_budget, check_texts, softmax
 from headbudget.engine.errors import ModelLoadError
 from headbudget.engine.types import BatchResult, EngineOptions, ExecutionPlan, ModelInfo, Prediction
-from headbudget.models.adaattention import reduced_dims
 from headbudget.models.adaptive import AdaptiveAttention, AdaptiveClassifier
-from headbudget.models.budgetformer import budget_cap_heads
 from headbudget.models.checkpoint import load_checkpoint
 from headbudget.models.checkpoint_meta import CheckpointError
 from headbudget.models.encoder import EncoderLayer
 from headbudget.models.plan import uniform_plan
-from headbudget.models.span import SpanAttention, span_window
 
 log = logging.getLogger(__name__)
-ADAPTIVE_TYPES = ("budgetformer", "span", "adaattention")
-FULL = 1 << 30  # a span window no sequence reaches: every key, with the ramp
-Group = tuple[tuple[int, ...], int, int]  # (heads, width d', span window; 0 = every key, no ramp)
-Plan = tuple[Group, ...]  # one layer's heads for one input, in projection order
 
 
 @dataclass
@@ -63,38 +50,32 @@ class _Layer:
     out_w: torch.Tensor  # (H*dh, D): W_O transposed; head h's inputs are rows h*dh .. h*dh + dh - 1
     out_b: torch.Tensor  # (D,)
     attn: AdaptiveAttention  # the adaptive attention module, for its side network
+    layout: Layout  # the heads' order and, for span, the layer's plan and ramp table
     attn_norm: nn.LayerNorm
     ffn_in: nn.Linear
     ffn_out: nn.Linear
     ffn_norm: nn.LayerNorm
-    span_z: torch.Tensor | None  # (H,) span z per head in the permuted order (span only)
-    span_log_m: torch.Tensor | None  # (H, max_position): the ramp's log m at each distance (span only)
 
 
-def _layer(layer: EncoderLayer, perm: list[int]) -> _Layer:
-    """Re-lay one EncoderLayer's attention weights per head, heads in ``perm`` order."""
+def _layer(layer: EncoderLayer, layout: Layout) -> _Layer:
+    """Re-lay one EncoderLayer's attention weights per head, heads in ``layout.perm`` order."""
     a = layer.attention
     assert isinstance(a, AdaptiveAttention)
     h, dh, d = a.n_heads, a.head_dim, a.query.weight.shape[1]
     w = torch.stack([a.query.weight, a.key.weight, a.value.weight]).view(3, h, dh, d).transpose(0, 1)
     b = torch.stack([a.query.bias, a.key.bias, a.value.bias]).view(3, h, dh).transpose(0, 1)  # (H, 3, dh)
     out = a.output.weight.t().reshape(h, dh, d)  # (H, dh, D)
-    idx = torch.tensor(perm)
-    z = log_m = None
-    if isinstance(a, SpanAttention):  # SpanAttention.ramp_mask's formula, as a table over distances 0 .. S - 1
-        z = a.spans()[idx].contiguous()
-        dist = torch.arange(a.cfg.max_position).to(z.dtype)
-        m = ((a.ramp + z[:, None] - dist) / a.ramp).clamp(0.0, 1.0)  # (H, S)
-        log_m = torch.where(m > 0, torch.log(m.clamp_min(1e-30)), torch.full_like(m, torch.finfo(m.dtype).min))
+    idx = torch.tensor(layout.perm)
     return _Layer(w[idx].reshape(h * 3 * dh, d).contiguous(), b[idx].reshape(-1).contiguous(),
-                  out[idx].reshape(h * dh, d).contiguous(), a.output.bias, a, layer.attn_norm,
-                  layer.intermediate, layer.ffn_out, layer.ffn_norm, z, log_m)
+                  out[idx].reshape(h * dh, d).contiguous(), a.output.bias, a, layout, layer.attn_norm,
+                  layer.intermediate, layer.ffn_out, layer.ffn_norm)
 
 
 def _ramp_is_one(layer: _Layer, heads: tuple[int, ...], n: int) -> bool:
     """Whether every one of ``heads`` (consecutive) sees every key of an ``n``-token input at full weight
     (span z >= n - 1): then they run, and are costed, as plain attention."""
-    return layer.span_z is not None and float(layer.span_z[heads[0] : heads[-1] + 1].min()) >= n - 1
+    z = layer.layout.span_z
+    return z is not None and float(z[heads[0] : heads[-1] + 1].min()) >= n - 1
 
 
 RAMP_DENSE = -1  # a merged group: span heads of several windows, all run over every key with the ramp
@@ -114,14 +95,6 @@ def _merge_ramp_groups(plan: Plan, n: int) -> Plan:
     return tuple(out)
 
 
-def _span_order(a: SpanAttention, ramp: int, head_dim: int) -> tuple[list[int], Plan]:
-    """Heads sorted by window (so equal windows are one contiguous group) and the layer's span plan."""
-    wins = [span_window(float(z), ramp) for z in a.spans().tolist()]
-    perm = sorted(range(len(wins)), key=lambda h: wins[h])
-    plan = tuple((tuple(i for i in range(len(wins)) if wins[perm[i]] == w), head_dim, w) for w in sorted(set(wins)))
-    return perm, plan
-
-
 class AdaptiveEngine(EngineBase):
     """Engine over a BudgetFormer, span or AdaAttention checkpoint; fp32, PyTorch, one intra-op thread."""
 
@@ -134,36 +107,31 @@ class AdaptiveEngine(EngineBase):
         except CheckpointError as e:
             raise ModelLoadError(str(e)) from e
         model.requires_grad_(False)  # the re-laid weights below are then plain tensors, not autograd graphs
-        if not isinstance(model, AdaptiveClassifier) or model.cfg.model_type not in ADAPTIVE_TYPES:
+        path = type_path(model.cfg)
+        if not isinstance(model, AdaptiveClassifier) or path is None:
             raise ModelLoadError(f"{model_dir}: model_type {model.cfg.model_type!r} is not an adaptive type")
         super().__init__(model_dir, model.cfg, options)
         torch.set_num_threads(options.threads)
-        self.model, self.info, self.kind = model, info, model.cfg.model_type
+        self.model, self.info, self.kind, self.path = model, info, model.cfg.model_type, path
         c = self.cfg
         self.n_heads, self.head_dim, self.scale = c.n_heads, c.head_dim, 1.0 / math.sqrt(c.head_dim)
-        bf = c.budgetformer  # tau at progress 1.0: inference is the end of training
-        self.tau = bf.tau_min + (bf.tau_max - bf.tau_min) * math.exp(-bf.gamma)
         # Pack the batch (True) rather than run inputs one by one (False). Measured at batch 8, lengths 20-128,
         # MiniLM shape, one thread: BudgetFormer 122 vs 141 ms, span 154 vs 177, AdaAttention 138 vs 172 ms.
         # Inputs rarely share a BudgetFormer head set, so most of the gain is the packed feed-forward blocks.
         self.grouped = True
         self.layers: list[_Layer] = []
-        self.span_plans: list[Plan] = []
         for layer in model.encoder.layers:
-            assert isinstance(layer, EncoderLayer)
-            perm = list(range(c.n_heads))
-            if isinstance(layer.attention, SpanAttention):
-                perm, plan = _span_order(layer.attention, c.span.ramp, c.head_dim)
-                self.span_plans.append(plan)
-            self.layers.append(_layer(layer, perm))
+            assert isinstance(layer, EncoderLayer) and isinstance(layer.attention, AdaptiveAttention)
+            self.layers.append(_layer(layer, path.layout(layer.attention)))
         self._rows: dict[Plan, tuple[torch.Tensor, torch.Tensor] | None] = {}
         self._arange = torch.arange(c.max_position)
         self._dist = (self._arange[:, None] - self._arange[None, :]).abs()  # (S, S) token distances
 
     # -- the Engine interface ---------------------------------------------------------------------------
     def cap(self, budget: float) -> int:
-        """k_cap per layer for BudgetFormer (budget 1.0 = H = no cap); H for the other types."""
-        return budget_cap_heads(budget, self.n_heads) if self.kind == "budgetformer" else self.n_heads
+        """Heads per layer an input may run at ``budget``: BudgetFormer's k_cap (1.0 = H = no cap); H for the
+        types the budget does not bound."""
+        return self.path.cap_heads(budget)
 
     def make_plan(self, budget: float) -> ExecutionPlan:
         """The cap, as every layer's head count: BudgetFormer's k_cap, so requests with one cap share a batch;
@@ -224,36 +192,26 @@ class AdaptiveEngine(EngineBase):
         x = emb.word.weight[ids] + emb.position.weight[pos] + emb.token_type.weight[0]  # (T, D)
         x = emb.norm(x)
         usages = [Usage() for _ in rows]
-        for index, layer in enumerate(self.layers):
-            plans, weights = self._choose(index, layer, x, seg, lengths, cap, adaptive, usages)
+        for layer in self.layers:
+            plans, weights = self._choose(layer, x, seg, lengths, cap, adaptive, usages)
             y = self._attention(layer, x, lengths, plans, weights)  # (T, D)
             x = layer.attn_norm(x + y)
             x = layer.ffn_norm(x + layer.ffn_out(F.gelu(layer.ffn_in(x))))
         if self.cfg.pooling == "cls":
             pooled = x[torch.tensor([0, *np.cumsum(lengths)[:-1]])]  # (B, D)
         else:
-            pooled = _segment_mean(x, seg, lengths)
+            pooled = segment_mean(x, seg, lengths)
         return self.model.head(pooled), usages
 
-    def _choose(self, index: int, layer: _Layer, x: torch.Tensor, seg: torch.Tensor, lengths: list[int], cap: int,
-                adaptive: bool, usages: list[Usage]) -> tuple[list[Plan], list[torch.Tensor | None]]:
+    def _choose(self, layer: _Layer, x: torch.Tensor, seg: torch.Tensor, lengths: list[int], cap: int,
+                adaptive: bool, usages: list[Usage]) -> tuple[list[Plan], Weights]:
         """Each input's plan for this layer (and BudgetFormer's head weights); records what it costs."""
-        h_all, dh, d = tuple(range(self.n_heads)), self.head_dim, self.cfg.hidden_size
-        weights: list[torch.Tensor | None] = [None] * len(lengths)
-        if self.kind == "budgetformer":
-            plans, weights = self._budgetformer(layer, _segment_mean(x, seg, lengths), cap, adaptive)
-        elif self.kind == "span":
-            plans = [self.span_plans[index] if adaptive else ((h_all, dh, FULL),)] * len(lengths)
-        elif adaptive:
-            c = torch.sigmoid(layer.attn.scorer(x))  # type: ignore[operator]  # (T, H)
-            dims = reduced_dims(_segment_mean(c, seg, lengths), dh, self.cfg.ada.threshold).tolist()  # (B, H)
-            plans = [tuple((tuple(h for h in h_all if row[h] == w), w, 0) for w in sorted(set(row))) for row in dims]
-        else:
-            plans = [((h_all, dh, 0),)] * len(lengths)
+        plans, weights = self.path.choose(layer.attn, layer.layout, x, seg, lengths, cap, adaptive)
+        d = self.cfg.hidden_size
         for plan, n, u in zip(plans, lengths, usages, strict=True):
             widths = [w for heads, w, _ in plan for _ in heads]
             pairs = [self._pairs(layer, heads, win, n) for heads, _, win in plan for _ in heads]
-            u.add(len(widths), plan_macs(d, n, widths, pairs), extra_macs(self.cfg, n))
+            u.add(len(widths), plan_macs(d, n, widths, pairs), self.path.side_macs(n))
         return plans, weights
 
     def _pairs(self, layer: _Layer, heads: tuple[int, ...], window: int, n: int) -> int:
@@ -262,27 +220,8 @@ class AdaptiveEngine(EngineBase):
             return n * n
         return span_pairs(window, n)
 
-    def _budgetformer(self, layer: _Layer, h: torch.Tensor, cap: int,
-                      adaptive: bool) -> tuple[list[Plan], list[torch.Tensor | None]]:
-        """BudgetFormerAttention.head_weights and keep (eval, progress 1.0) on the mean layer inputs h (B, D)."""
-        a, n_heads = layer.attn, self.n_heads
-        s = torch.sigmoid(a.budget_out(F.relu(a.budget_hidden(h)))).squeeze(-1)  # type: ignore[operator]  # (B,)
-        p = torch.softmax(a.relevance(h) / self.tau, dim=-1)  # type: ignore[operator]  # (B, H)
-        w = s[:, None] * n_heads * p  # (B, H), the training-time head weights
-        if not adaptive:
-            return [((tuple(range(n_heads)), self.head_dim, 0),)] * len(h), [row for row in w]
-        k = torch.clamp(torch.floor(s * n_heads), 1, n_heads).clamp_max(cap).long().tolist()  # (B,)
-        order = torch.argsort(p, dim=-1, descending=True, stable=True).tolist()  # (B, H); ties -> head order
-        plans: list[Plan] = []
-        weights: list[torch.Tensor | None] = []
-        for i, row in enumerate(order):
-            kept = tuple(sorted(row[: k[i]]))
-            plans.append(((kept, self.head_dim, 0),))
-            weights.append(w[i, list(kept)])  # (k,)
-        return plans, weights
-
     def _attention(self, layer: _Layer, x: torch.Tensor, lengths: list[int], plans: list[Plan],
-                   weights: list[torch.Tensor | None]) -> torch.Tensor:
+                   weights: Weights) -> torch.Tensor:
         """Attention output (T, D): inputs that share a plan share one projection matmul."""
         groups: dict[Plan, list[int]] = {}
         for i, plan in enumerate(plans):
@@ -299,7 +238,7 @@ class AdaptiveEngine(EngineBase):
         return y
 
     def _group(self, layer: _Layer, x: torch.Tensor, lengths: list[int], plan: Plan,
-               weights: list[torch.Tensor | None]) -> torch.Tensor:
+               weights: Weights) -> torch.Tensor:
         """Inputs (packed x (T_g, D)) running one plan: sliced projections, per-input attention -> (T_g, D)."""
         rows = self._plan_rows(plan)
         if rows is None:  # every head at full width, in order: the whole weights, no gather
@@ -338,11 +277,12 @@ class AdaptiveEngine(EngineBase):
                     heads: tuple[int, ...]) -> torch.Tensor:
         """Span heads (consecutive in the layer's order) over every key, the ramp as a per-head additive mask:
         q, k, v (g, n, dh) -> (g, n, dh). One SDPA for all of them, whatever their windows."""
-        assert layer.span_log_m is not None
+        table = layer.layout.span_log_m
+        assert table is not None
         n = q.shape[1]
         if _ramp_is_one(layer, heads, n):  # log m = 0 on every pair: plain attention
             return F.scaled_dot_product_attention(q[None], k[None], v[None], scale=self.scale)[0]
-        bias = layer.span_log_m[heads[0] : heads[-1] + 1][:, self._dist[:n, :n]]  # (g, n, n): log m per distance
+        bias = table[heads[0] : heads[-1] + 1][:, self._dist[:n, :n]]  # (g, n, n): log m per distance
         return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=bias[None], scale=self.scale)[0]
 
     def _span(self, layer: _Layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: tuple[int, ...],
@@ -353,12 +293,12 @@ class AdaptiveEngine(EngineBase):
         (n = 512, w = 16..96: tiny batched matmuls), so queries run in blocks of B = span_block(w) with one SDPA
         over each block's B + 2w - 2 keys; the ramp's log m (0 weight beyond the window) is the additive mask.
         """
-        assert layer.span_z is not None and layer.span_log_m is not None
+        assert layer.layout.span_z is not None and layer.layout.span_log_m is not None
         g, n, dh = q.shape
         lo, hi = heads[0], heads[-1] + 1
         if not span_blocked(window, n):  # the band would not save enough: dense scores with the ramp
             return self._ramp_dense(layer, q, k, v, heads)
-        table = layer.span_log_m[lo:hi]  # (g, max_position): log m at each distance
+        table = layer.layout.span_log_m[lo:hi]  # (g, max_position): log m at each distance
         block = span_block(window)
         keys = block + 2 * window - 2
         n_blocks = -(-n // block)
@@ -389,8 +329,3 @@ class AdaptiveEngine(EngineBase):
             self._rows[plan] = None if full else (torch.tensor(qkv), torch.tensor(out))
         return self._rows[plan]
 
-
-def _segment_mean(x: torch.Tensor, seg: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-    """Per-input mean of packed rows: x (T, F), seg (T,) -> (B, F)."""
-    sums = x.new_zeros(len(lengths), x.shape[1]).index_add_(0, seg, x)
-    return sums / torch.tensor(lengths, dtype=x.dtype)[:, None]

@@ -5,7 +5,8 @@ adaptive types break both: AdaAttention runs a head at d' < d_h dimensions, adap
 only its window. So a head is counted by its width d' and by the keys per query its kernel multiplies:
     head = 3·n·D·d' (its Q/K/V rows) + 2·n·keys·d' (scores and values) + n·d'·D (its W_O columns)
 which with d' = d_h and keys = n for every head is exactly ``cost.attention_macs``. The small networks the
-adaptive types add (BudgetFormer's f and g, AdaAttention's scorer) are counted on top, in total_macs only.
+adaptive types add (BudgetFormer's f and g, AdaAttention's scorer) are counted on top, in total_macs only;
+each type's count is the ``side_macs`` of its module in models/, reached through engine/adaptive_types.py.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from headbudget.engine.types import Cost
-from headbudget.models.config import ModelConfig
 from headbudget.models.plan import Shape, attention_macs, ffn_macs
 
 
@@ -48,17 +48,6 @@ def span_pairs(window: int, n_tokens: int) -> int:
         return n_tokens * n_tokens
     block = span_block(window)
     return -(-n_tokens // block) * block * (block + 2 * window - 2)
-
-
-def extra_macs(cfg: ModelConfig, n_tokens: int) -> int:
-    """MACs of one layer's adaptive side network for one input of ``n_tokens`` tokens."""
-    d, h = cfg.hidden_size, cfg.n_heads
-    if cfg.model_type == "budgetformer":  # f: D -> D -> 1 and g: D -> H, once per input on the mean token
-        return d * d + d + d * h
-    if cfg.model_type == "adaattention":  # the scorer D -> D/4 -> D/4 -> H on every token
-        q = d // 4
-        return n_tokens * (d * q + q * q + q * h)
-    return 0  # span: the ramp is elementwise
 
 
 @dataclass

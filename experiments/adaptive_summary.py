@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from headbudget.engine.errors import EngineError
+from headbudget.models.model_types import adaptive_types, model_type
 
 # The engine, models and data imports (torch and ONNX Runtime among them) happen inside the functions that
 # use them, so that `headbudget --help` and the CLI's argument parsing stay fast.
@@ -64,7 +65,7 @@ def summarise(data: Path, checkpoints: dict[str, Path], budgeted: Path, texts: i
         # The budgeted checkpoint on both runtimes: ONNX Runtime is what the product serves it on; the torch
         # backend is the like-for-like check, since the adaptive types run on a PyTorch path.
         others = [Other("budgeted_dense_ort", budgeted, 1.0), Other("budgeted_dense_torch", budgeted, 1.0, "torch")]
-        if kind == "budgetformer":
+        if model_type(kind).supports_auto:  # it predicts a head budget: compare at the budget of its mean
             b, k = matched_budget(report["mean_cost"], ref.cfg.n_layers, ref.cfg.n_heads)
             entry["budgeted_at_mean_cost"] = {**budgeted_accuracy(budgeted, str(data), b), "heads": k}
             others += [Other("budgeted_matched_ort", budgeted, b), Other("budgeted_matched_torch", budgeted, b, "torch")]
@@ -78,7 +79,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options, shared by this module's CLI and `headbudget compare-adaptive`."""
     p.add_argument("--data", type=Path, required=True)
     p.add_argument("--budgeted", type=Path, required=True, help="the budgeted checkpoint to compare with")
-    for kind in ("budgetformer", "span", "adaattention"):
+    for kind in adaptive_types():
         p.add_argument(f"--{kind}", type=Path, default=None, help=f"a trained {kind} checkpoint")
     p.add_argument("--texts", type=int, default=300, help="real test texts timed at their own lengths")
     p.add_argument("--repeats", type=int, default=20, help="inputs timed per fixed length")
@@ -88,7 +89,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Check the inputs, summarise, write ``--out``; one-line errors, exit code 2."""
-    checkpoints = {k: getattr(args, k) for k in ("budgetformer", "span", "adaattention") if getattr(args, k)}
+    checkpoints = {k: getattr(args, k) for k in adaptive_types() if getattr(args, k)}
     try:
         for folder in [*checkpoints.values(), args.budgeted]:
             if not (folder / "config.json").is_file():
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
                 raise FileNotFoundError(f"{folder}: no adaptive_sweep.json; run `headbudget eval` on it first")
         lengths = tuple(int(x) for x in args.lengths.split(",") if x.strip())
         if not checkpoints:
-            raise ValueError("give at least one of --budgetformer, --span, --adaattention")
+            raise ValueError("give at least one of " + ", ".join(f"--{k}" for k in adaptive_types()))
         result = summarise(args.data, checkpoints, args.budgeted, args.texts, args.repeats, lengths)
     except (OSError, ValueError, EngineError) as e:
         print(f"error: {e}", file=sys.stderr)

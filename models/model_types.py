@@ -45,3 +45,8 @@ def model_type(name: str) -> ModelType:
         return REGISTRY[name]
     except KeyError:
         raise ValueError(f"unknown model_type {name!r}; one of {', '.join(REGISTRY)}") from None
+
+
+def adaptive_types() -> tuple[str, ...]:
+    """The types that choose per input (no static plans), in registry order: the adaptive engine runs them."""
+    return tuple(t.name for t in REGISTRY.values() if not t.static_plans)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +20,8 @@ import torch
 
 from headbudget.models.adaptive import AdaptiveClassifier
 from headbudget.models.budget import BUDGET_GRID
-from headbudget.models.budgetformer import BudgetFormerClassifier
 from headbudget.models.checkpoint import CheckpointError, load_checkpoint
+from headbudget.models.classifier import BudgetedClassifier
 from headbudget.models.span import SpanClassifier, span_window
 from headbudget.models.tokenizer import TextEncoder
 from headbudget.training.batches import TokenizedSplit, batches, order_for_eval, tokenize
@@ -34,15 +36,17 @@ SPAN_SCALES = (0.25, 0.5, 0.75, 1.0)
 
 
 @torch.no_grad()
-def run_with_usage(model: AdaptiveClassifier, data: TokenizedSplit, batch_size: int = 64
+def run_with_usage(model: AdaptiveClassifier, data: TokenizedSplit, batch_size: int = 64, cap: float = 1.0
                    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Logits (N, C) and per-input usage (name -> (N, L, ...)) in the split's original order."""
+    """Logits (N, C) and per-input usage (name -> (N, L, ...)) in the split's original order, each input's
+    choice bounded by ``cap`` (1.0: the model's own)."""
     device = next(model.parameters()).device
     model.eval()
     logits, usage = [], {}  # type: ignore[var-annotated]
     for ids, mask, _ in batches(data, batch_size, device):
-        logits.append(model(ids, mask).float().cpu().numpy())
-        for k, v in model.usage().items():
+        out = model.forward_adaptive(ids, mask, cap=cap)
+        logits.append(out.logits.float().cpu().numpy())
+        for k, v in out.usage.items():
             usage.setdefault(k, []).append(v.float().cpu().numpy())
     order = order_for_eval(data)
     out = np.empty((len(data), model.cfg.n_labels), dtype=np.float32)
@@ -76,17 +80,15 @@ def _acc(logits: np.ndarray, data: TokenizedSplit) -> float:
     return float((logits.argmax(1) == data.labels).mean()) if len(data) else 0.0
 
 
-def budgetformer_report(model: BudgetFormerClassifier, data: TokenizedSplit) -> dict[str, Any]:
+def budgetformer_report(model: AdaptiveClassifier, data: TokenizedSplit) -> dict[str, Any]:
     """Accuracy and heads at auto and under each cap; predicted budgets per input at auto."""
     total = model.cfg.total_heads
     caps = []
     for b in BUDGET_GRID:
-        model.set_budget_cap(b)
-        logits, usage = run_with_usage(model, data)
+        logits, usage = run_with_usage(model, data, cap=b)
         heads = usage["heads"].sum(1)  # (N,)
         caps.append({"budget": b, "accuracy": _acc(logits, data), "mean_cost": float(heads.mean() / total),
                      "max_cost": float(heads.max() / total)})
-    model.set_budget_cap(1.0)
     logits, usage = run_with_usage(model, data)
     predicted = usage["heads"].sum(1) / total  # (N,) fraction of heads each input ran
     hist, edges = np.histogram(predicted, bins=np.linspace(0.0, 1.0, 21))
@@ -136,12 +138,50 @@ def ada_report(model: AdaptiveClassifier, data: TokenizedSplit) -> dict[str, Any
             "mean_score_per_layer": usage["score"].mean(axis=(0, 2)).tolist()}
 
 
+@dataclass(frozen=True)
+class ReportInputs:
+    """What a type's report may need beyond the model and the split's tokens."""
+
+    folder: Path  # the checkpoint (its tokenizer)
+    part: Split  # the split's texts
+    dense: BudgetedClassifier | None  # the dense warm-start stage, if the checkpoint has one
+    long_length: int  # tokens of the long texts the span report makes
+
+
+def _budgetformer_entry(model: AdaptiveClassifier, data: TokenizedSplit, inputs: ReportInputs) -> dict[str, Any]:
+    return budgetformer_report(model, data)
+
+
+def _span_entry(model: AdaptiveClassifier, data: TokenizedSplit, inputs: ReportInputs) -> dict[str, Any]:
+    """span_report on the split and on long texts made from it, with the dense model's long-text accuracy."""
+    assert isinstance(model, SpanClassifier)
+    long_encoder = TextEncoder(inputs.folder, min(inputs.long_length, model.cfg.max_position))
+    long = tokenize(long_texts(inputs.part, long_encoder, inputs.long_length), long_encoder)
+    entry = span_report(model, data, long)
+    entry["long_examples"] = len(long)
+    entry["long_length"] = inputs.long_length
+    if inputs.dense is not None and len(long):
+        entry["dense_accuracy_long"] = accuracy(inputs.dense, long, "dense", batch_size=16)
+    return entry
+
+
+def _ada_entry(model: AdaptiveClassifier, data: TokenizedSplit, inputs: ReportInputs) -> dict[str, Any]:
+    return ada_report(model, data)
+
+
+# Each adaptive type's report, by model_type (tests/training/test_adaptive.py checks these against
+# models/model_types.py).
+REPORTS: dict[str, Callable[[AdaptiveClassifier, TokenizedSplit, ReportInputs], dict[str, Any]]] = {
+    "budgetformer": _budgetformer_entry, "span": _span_entry, "adaattention": _ada_entry}
+
+
 def evaluate_adaptive(folder: Path, data_spec: str, split: str, out: Path, limit: int | None = None,
                       device: str = "cpu", long_length: int = LONG_LENGTH) -> dict[str, Any]:
     """Evaluate an adaptive checkpoint on ``split``; writes adaptive_sweep.json (and figures) to ``out``."""
     model, config = load_checkpoint(folder)
-    if not isinstance(model, AdaptiveClassifier):
+    if not isinstance(model, AdaptiveClassifier) or model.cfg.model_type not in REPORTS:
         raise DataError(f"{folder}: model_type {model.cfg.model_type!r} is not an adaptive type")
+    type_report = REPORTS[model.cfg.model_type]
     model = model.to(device).eval()
     ds, part, data = checkpoint_split(folder, config, model.cfg.labels, model.cfg.max_position, data_spec, split, limit)
     report: dict[str, Any] = {"model_type": model.cfg.model_type, "dataset": ds.name, "split": split,
@@ -153,18 +193,7 @@ def evaluate_adaptive(folder: Path, data_spec: str, split: str, out: Path, limit
         report["dense_accuracy"] = accuracy(dense, data, "dense")
     except CheckpointError:
         log.warning("%s: no dense warm-start stage to compare with", folder)
-    if isinstance(model, BudgetFormerClassifier):
-        report.update(budgetformer_report(model, data))
-    elif isinstance(model, SpanClassifier):
-        long_encoder = TextEncoder(folder, min(long_length, model.cfg.max_position))
-        long = tokenize(long_texts(part, long_encoder, long_length), long_encoder)
-        report.update(span_report(model, data, long))
-        report["long_examples"] = len(long)
-        report["long_length"] = long_length
-        if dense is not None and len(long):
-            report["dense_accuracy_long"] = accuracy(dense, long, "dense", batch_size=16)
-    else:
-        report.update(ada_report(model, data))
+    report.update(type_report(model, data, ReportInputs(folder, part, dense, long_length)))
     out.mkdir(parents=True, exist_ok=True)
     (out / "adaptive_sweep.json").write_text(json.dumps(report, indent=2) + "\n")
     from headbudget.training.plots import adaptive_plot

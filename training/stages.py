@@ -150,8 +150,8 @@ def run_stage(
                                     bucket=recipe.length_buckets):
             b = float(rng.uniform(recipe.b_min, 1.0)) if fixed_budget is None else fixed_budget
             if adaptive is not None:
-                adaptive.set_progress(step / steps)
-                loss = F.cross_entropy(adaptive(ids, mask), y) + adaptive.aux_loss()
+                out = adaptive.forward_adaptive(ids, mask, progress=step / steps)
+                loss = F.cross_entropy(out.logits, y) + out.aux_loss
             else:
                 loss = _stage_loss(model, stage, recipe, ids, mask, y, b, teacher)
             opt.zero_grad(set_to_none=True)
@@ -163,8 +163,8 @@ def run_stage(
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}", b=f"{b:.2f}", val=f"{max(best, 0):.3f}", refresh=False)
             if step % eval_every == 0 or step == steps:
-                if adaptive is not None:
-                    adaptive.set_progress(1.0)  # evaluate as served: final temperature, no noise
+                # An adaptive model is evaluated as served: its plain forward runs at progress 1.0 (final
+                # temperature) and eval mode adds no noise.
                 metric = _select_metric(model, val, stage, recipe)
                 eligible = adaptive is None or step / steps >= ADAPT_SELECT_FROM or step == steps
                 history.append({"step": step, "val": metric, "loss": float(loss.item()),

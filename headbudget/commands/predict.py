@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
 
 from headbudget.commands.common import CliError, budget_arg, existing_dir
 
@@ -48,26 +50,35 @@ def _predict_adaptive(model, ids, mask, budget: float, truncated: bool) -> int: 
     """An adaptive type picks its own heads (BudgetFormer: capped by the budget), spans or dimensions."""
     import torch
 
-    from headbudget.models.budgetformer import BudgetFormerClassifier
-
-    if isinstance(model, BudgetFormerClassifier):
-        model.set_budget_cap(budget)
+    usage_line = _USAGE_LINES[model.cfg.model_type]
     with torch.no_grad():
-        probs = torch.softmax(model(torch.from_numpy(ids), torch.from_numpy(mask))[0], -1).tolist()
+        out = model.forward_adaptive(torch.from_numpy(ids), torch.from_numpy(mask), cap=budget)
+    probs = torch.softmax(out.logits[0], -1).tolist()
     labels = model.cfg.labels
     best = max(range(len(labels)), key=lambda i: probs[i])
     print(f"label: {labels[best]}")
     print("scores: " + ", ".join(f"{name}={p:.4f}" for name, p in zip(labels, probs, strict=True)))
-    usage = {k: v[0] for k, v in model.usage().items()}  # (L, ...) for this one text
-    note = "; input truncated" if truncated else ""
-    if "heads" in usage:
-        heads = usage["heads"].long()
-        print(f"heads: {int(heads.sum())}/{model.cfg.total_heads} (per layer: {' '.join(map(str, heads.tolist()))}); "
-              f"cap {budget:g}{note}")
-    elif "dims" in usage:
-        full = int((usage["dims"] == model.cfg.head_dim).sum())
-        print(f"heads at full dimension: {full}/{model.cfg.total_heads}; mean dimension "
-              f"{float(usage['dims'].float().mean()):.1f}/{model.cfg.head_dim}{note}")
-    else:
-        print(f"mean span: {float(usage['span'].mean()):.1f} tokens{note}")
+    usage = {k: v[0] for k, v in out.usage.items()}  # (L, ...) for this one text
+    print(usage_line(model.cfg, usage, budget) + ("; input truncated" if truncated else ""))
     return 0
+
+
+def _heads_line(cfg: Any, usage: dict[str, Any], budget: float) -> str:
+    heads = usage["heads"].long()  # (L,)
+    per_layer = " ".join(map(str, heads.tolist()))
+    return f"heads: {int(heads.sum())}/{cfg.total_heads} (per layer: {per_layer}); cap {budget:g}"
+
+
+def _span_line(cfg: Any, usage: dict[str, Any], budget: float) -> str:
+    return f"mean span: {float(usage['span'].mean()):.1f} tokens"
+
+
+def _dims_line(cfg: Any, usage: dict[str, Any], budget: float) -> str:
+    full = int((usage["dims"] == cfg.head_dim).sum())
+    return (f"heads at full dimension: {full}/{cfg.total_heads}; mean dimension "
+            f"{float(usage['dims'].float().mean()):.1f}/{cfg.head_dim}")
+
+
+# What each adaptive type used on the text, by model_type: (config, usage (L, ...), budget) -> one line.
+_USAGE_LINES: dict[str, Callable[[Any, dict[str, Any], float], str]] = {
+    "budgetformer": _heads_line, "span": _span_line, "adaattention": _dims_line}

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from headbudget.engine.adaptive_backend import AdaptiveEngine
+from headbudget.engine.adaptive_types import PATHS
 from headbudget.engine.adaptive_cost import plan_macs, span_pairs
 from headbudget.engine.base import pad
 from headbudget.engine.errors import BudgetError, ModelLoadError
@@ -18,9 +19,11 @@ from headbudget.engine.factory import load_engine, model_info
 from headbudget.engine.torch_backend import TorchEngine
 from headbudget.engine.types import EngineOptions
 from headbudget.experiments.adaptive_bench import bench_lengths, main
-from headbudget.models.budgetformer import BudgetFormerClassifier, budget_cap_heads
+from headbudget.models.adaptive import AdaptiveClassifier
+from headbudget.models.budgetformer import budget_cap_heads
 from headbudget.models.checkpoint import load_checkpoint, save_checkpoint
 from headbudget.models.config import GateConfig, SpanConfig
+from headbudget.models.model_types import adaptive_types
 from headbudget.models.pretrained import minilm_path, random_init
 from headbudget.models.span import SpanClassifier
 from headbudget.models.tokenizer import copy_tokenizer
@@ -71,14 +74,13 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _reference(folder: Path, engine: AdaptiveEngine, budget: float) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
-    """Logits and usage() of the reference model (eval forward) on the padded batch of TEXTS."""
+    """Logits and usage of the reference model (eval forward, capped at ``budget``) on the padded batch of TEXTS."""
     model, _ = load_checkpoint(folder)
-    if isinstance(model, BudgetFormerClassifier):
-        model.set_budget_cap(budget)
+    assert isinstance(model, AdaptiveClassifier)
     ids, mask = pad(engine.encoder.encode(TEXTS).ids, engine.encoder.pad_id)
     with torch.no_grad():
-        logits = model(torch.from_numpy(ids), torch.from_numpy(mask.astype(np.int64)))
-    return logits.numpy(), model.usage()
+        out = model.forward_adaptive(torch.from_numpy(ids), torch.from_numpy(mask.astype(np.int64)), cap=budget)
+    return out.logits.numpy(), out.usage
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -235,3 +237,7 @@ def test_adjacent_dense_with_ramp_groups_run_as_one() -> None:
     assert _merge_ramp_groups(plan, 60) == (((0,), 32, 11), ((1, 2), 32, 15), ((3, 4, 5), 32, RAMP_DENSE))
     assert _merge_ramp_groups(plan, 8) == (((0, 1, 2, 3, 4, 5), 32, RAMP_DENSE),)
     assert _merge_ramp_groups((((0, 1), 32, 0),), 60) == (((0, 1), 32, 0),)  # not a span model: untouched
+
+
+def test_every_adaptive_type_has_a_fast_path() -> None:
+    assert set(PATHS) == set(adaptive_types()) == set(KINDS)

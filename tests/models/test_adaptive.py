@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from headbudget.models.adaattention import ada_lambda, reduced_dims
+from headbudget.models.adaptive import AdaptiveClassifier
 from headbudget.models.budgetformer import BudgetFormerClassifier, budget_cap_heads
 from headbudget.models.checkpoint import load_checkpoint, save_checkpoint
 from headbudget.models.config import AdaConfig, GateConfig, ModelConfig
@@ -57,14 +58,15 @@ def test_budgetformer_keeps_top_k_heads_per_input_and_respects_a_cap() -> None:
             a.budget_out.weight.copy_(torch.randn(a.budget_out.weight.shape, generator=g))  # type: ignore[union-attr]
     ids, mask = _inputs()
     with torch.no_grad():
-        model(ids, mask)
-        free = model.usage()["heads"]  # (B, L)
-        s = model.usage()["s"]
+        out = model.forward_adaptive(ids, mask)
+        free = out.usage["heads"]  # (B, L)
+        s = out.usage["s"]
         expected = torch.clamp(torch.floor(s * model.cfg.n_heads), 1, model.cfg.n_heads)
         assert torch.equal(free, expected)
-        model.set_budget_cap(0.25)
-        model(ids, mask)
-        capped = model.usage()["heads"]
+        capped_out = model.forward_adaptive(ids, mask, cap=0.25)
+        capped = capped_out.usage["heads"]
+        # Nothing is left on the model: a plain forward after a capped one is the uncapped pass again.
+        torch.testing.assert_close(model(ids, mask), out.logits, atol=0, rtol=0)
     assert torch.all(capped <= budget_cap_heads(0.25, model.cfg.n_heads)) and torch.all(capped <= free)
     assert budget_cap_heads(0.0, 12) == 1 and budget_cap_heads(1.0, 12) == 12 and budget_cap_heads(0.5, 12) == 6
 
@@ -96,12 +98,14 @@ def test_ada_dims_and_lambda_schedule() -> None:
 @pytest.mark.parametrize("kind", ["budgetformer", "span", "adaattention"])
 def test_adaptive_parameters_get_gradients_and_checkpoints_round_trip(kind: str, tmp_path: Path) -> None:
     model = random_init(LABELS, GateConfig(), seed=3, model_type=kind)
+    assert isinstance(model, AdaptiveClassifier)
     model.train()
-    model.set_progress(0.6)  # type: ignore[operator]
     ids, mask = _inputs()
-    loss = model(ids, mask).logsumexp(-1).mean() + model.aux_loss()  # type: ignore[operator]
+    out = model.forward_adaptive(ids, mask, progress=0.6)
+    assert out.aux_loss.dim() == 0 and all(v.shape[:2] == (3, model.cfg.n_layers) for v in out.usage.values())
+    loss = out.logits.logsumexp(-1).mean() + out.aux_loss
     loss.backward()
-    extra = model.adaptive_parameters()  # type: ignore[operator]
+    extra = model.adaptive_parameters()
     assert extra and all(p.grad is not None and torch.isfinite(p.grad).all() for p in extra)
     assert any(float(p.grad.abs().sum()) > 0 for p in extra)  # type: ignore[union-attr]
     model.eval()
