@@ -80,6 +80,16 @@ def smoke_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def smoke_model_scope_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The `smoke` recipe with the whole-model budget (``--scope model``), trained once per session."""
+    out = tmp_path_factory.mktemp("smoke-model") / "smoke-model"
+    proc = run_cli("train", "--base", "tiny", "--data", "synthetic", "--recipe", "smoke", "--scope", "model",
+                   "--out", str(out), "--device", "cpu")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
 # Smoke-sized adaptive runs: a shorter dense warm start than `smoke` (the tests check the pipeline and
 # the adaptive behaviour, not accuracy), then one adapt epoch.
 ADAPTIVE_SMOKE = ("--set", "dense_epochs=3", "--set", "adapt_epochs=1", "--set", "synthetic_size=1500")
