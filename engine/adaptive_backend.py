@@ -146,7 +146,8 @@ class AdaptiveEngine(EngineBase):
         return out
 
     def predict(self, texts: Sequence[str], budget: float) -> BatchResult:
-        """Classify; each Prediction's cost and budget_applied are what that input really ran."""
+        """Classify under ``budget`` (the cap); each Prediction's cost is what that input really ran, and its
+        budget_chosen what a type that chooses its own budget chose (within the cap)."""
         b = check_budget(budget)
         enc = self.encoder.encode(check_texts(texts))
         t0 = time.perf_counter()
@@ -158,12 +159,10 @@ class AdaptiveEngine(EngineBase):
         for i, row in enumerate(logits.tolist()):
             n = len(enc.ids[i])
             cost = usage_cost(self.shape, usages[i], n)
-            # BudgetFormer: the fraction of heads this input ran; span and AdaAttention run every head, so
-            # their "budget" is the fraction of dense attention MACs spent.
-            applied = cost.heads_active / cost.heads_total if self.kind == "budgetformer" else cost.attention_ratio
             preds.append(Prediction(
                 label=labels[int(np.argmax(logits[i]))], scores=dict(zip(labels, probs[i].tolist(), strict=True)),
-                logits=row, n_tokens=n, truncated=enc.truncated[i], cost=cost, budget_applied=applied))
+                logits=row, n_tokens=n, truncated=enc.truncated[i], cost=cost,
+                budget_chosen=self.path.budget_chosen(cost)))
         # The batch's heads: the mean over its inputs of the heads each ran, rounded (inputs choose their own).
         heads = round(sum(p.cost.heads_active for p in preds) / len(preds))
         return BatchResult(predictions=preds, budget=b, heads_active=heads, heads_total=self.cfg.total_heads,

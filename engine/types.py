@@ -40,9 +40,11 @@ class Prediction:
     n_tokens: int
     truncated: bool
     cost: Cost
-    # Adaptive model types choose their own heads per input: the fraction of heads this input ran
-    # (BudgetFormer's predicted budget, after any cap). None for the budgeted type, whose batch has one mask.
-    budget_applied: float | None = None
+    # The budget that ran is the batch's (BatchResult.budget; for a type that chooses per input, the cap of that
+    # choice). A type that predicts its own budget says here what it chose for this input: BudgetFormer, the
+    # fraction of heads it ran, within the cap. None for the others (span and AdaAttention report what they
+    # saved in ``cost``).
+    budget_chosen: float | None = None
 
 
 @dataclass(frozen=True)

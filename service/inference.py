@@ -106,7 +106,7 @@ async def classify(runtime: Runtime, caller: Caller, body: ClassifyRequest, choi
     requested: float | Literal["auto"] = "auto" if choice.auto else result.budget_requested
     applied = text_budgets(result)
     results = [TextResult(
-        label=p.label, scores=p.scores, budget_requested=requested, budget_applied=b,
+        label=p.label, scores=p.scores, budget_requested=requested, budget_applied=b, budget_chosen=p.budget_chosen,
         heads_active=p.cost.heads_active, heads_total=p.cost.heads_total, cost=p.cost.attention_ratio,
         truncated=p.truncated, n_tokens=p.n_tokens, latency_ms=round(result.latency_s * 1000, 3),
         degraded=result.degraded) for p, b in zip(result.predictions, applied, strict=True)]
@@ -123,10 +123,9 @@ async def classify(runtime: Runtime, caller: Caller, body: ClassifyRequest, choi
 
 
 def text_budgets(result: JobResult) -> list[float]:
-    """Each text's applied budget: its own where the checkpoint chose one per input (BudgetFormer: its
-    predicted budget under the cap), else the budget its batch ran at."""
-    return [p.budget_applied if p.budget_applied is not None else result.budget_applied
-            for p in result.predictions]
+    """Each text's applied budget: the one its request ran under (on a checkpoint that chooses per text, the cap
+    of that choice; what it chose is the text's budget_chosen)."""
+    return [result.budget_applied] * len(result.predictions)
 
 
 async def _remember(runtime: Runtime, request_id: str, caller: Caller, result: JobResult,

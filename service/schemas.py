@@ -78,8 +78,12 @@ class TextResult(BaseModel):
         description="the budget asked for (the request's, the tier default, or the one `max_latency_ms` chose), "
                     "or `auto`: the checkpoint chose this text's budget")
     budget_applied: float = Field(
-        description="the fraction of heads this text ran: the budget (lower than requested if degraded), or on "
-                    "checkpoints that predict their own budget, the text's predicted budget under the cap")
+        description="the budget this text ran under: the requested one, lower if degraded (for `auto`: the cap, "
+                    "the tier's max_budget); on checkpoints that choose per text, the cap of that choice")
+    budget_chosen: float | None = Field(
+        None, description="on checkpoints that predict their own budget (`supports_auto`): the fraction of heads "
+                          "this text chose to run, within the heads `budget_applied` buys as a cap; null on the "
+                          "others")
     heads_active: int
     heads_total: int
     cost: float = Field(description="fraction of the dense attention multiply-adds spent")

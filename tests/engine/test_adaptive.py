@@ -106,7 +106,7 @@ def test_budgetformer_heads_follow_the_model_and_the_cap(checkpoints: dict[str, 
         _, usage = _reference(checkpoints["budgetformer"], engine, b)  # type: ignore[arg-type]
         heads = usage["heads"].sum(1).tolist()  # (B,) heads each input ran, over layers
         assert [p.cost.heads_active for p in result.predictions] == heads
-        assert [p.budget_applied for p in result.predictions] == pytest.approx([h / total for h in heads])
+        assert [p.budget_chosen for p in result.predictions] == pytest.approx([h / total for h in heads])
         assert result.heads_active == round(sum(heads) / len(heads)) and result.heads_total == total
         assert engine.plan(b).heads == (budget_cap_heads(b, engine.info.n_heads),) * engine.cfg.n_layers
         assert max(usage["heads"].max().item(), 1) <= budget_cap_heads(b, engine.info.n_heads)
@@ -129,12 +129,12 @@ def test_span_cost_counts_the_windows(checkpoints: dict[str, Path]) -> None:
         pairs = [[span_pairs(w, n) for w in layer] for layer in windows]
         expected = sum(plan_macs(d, n, [engine.cfg.head_dim] * len(row), row) for row in pairs)
         assert p.cost.attention_macs == expected
-        assert p.budget_applied == pytest.approx(p.cost.attention_ratio)
+        assert p.budget_chosen is None  # spans are learned, not a budget each input chooses
         assert p.cost.heads_active == p.cost.heads_total == 12
     long = result.predictions[2]
     assert long.n_tokens == 60 and long.cost.attention_macs < long.cost.attention_macs_dense
-    assert long.cost.total_macs < long.cost.total_macs_dense and long.budget_applied < 1.0
-    assert result.predictions[0].budget_applied == 1.0  # 4 tokens: every window covers the input
+    assert long.cost.total_macs < long.cost.total_macs_dense and long.cost.attention_ratio < 1.0
+    assert result.predictions[0].cost.attention_ratio == 1.0  # 4 tokens: every window covers the input
     assert {engine.plan(b).key for b in (0.1, 0.5, 1.0)} == {(engine.cfg.n_heads,) * engine.cfg.n_layers}  # one batch
 
 
@@ -149,7 +149,7 @@ def test_adaattention_cost_counts_the_reduced_dims(checkpoints: dict[str, Path])
         n = p.n_tokens
         expected = sum(plan_macs(d, n, row, [n * n] * len(row)) for row in dims[i].tolist())
         assert p.cost.attention_macs == expected < p.cost.attention_macs_dense
-        assert p.budget_applied == pytest.approx(p.cost.attention_ratio) and p.budget_applied < 1.0
+        assert p.budget_chosen is None and p.cost.attention_ratio < 1.0
         assert p.cost.total_macs > p.cost.attention_macs  # FFN, classifier and the scorer on top
     assert engine.plan(0.2).key == engine.plan(1.0).key  # the budget is not used: every request shares a batch
 
@@ -188,7 +188,7 @@ def test_budgeted_type_is_unaffected(tiny_checkpoint: Path) -> None:
     engine = load_engine(tiny_checkpoint, EngineOptions(backend="torch"))
     assert isinstance(engine, TorchEngine)
     result = engine.predict(TEXTS, 0.5)
-    assert all(p.budget_applied is None for p in result.predictions)
+    assert all(p.budget_chosen is None for p in result.predictions)
     assert result.heads_active == engine.plan(0.5).heads_active
 
 

@@ -100,7 +100,7 @@ class FakeEngine:
         time.sleep(self.delay_s + self.per_token_s * work)
         preds = []
         for text, (n, truncated) in zip(texts, counts, strict=True):
-            active, applied = self.heads_for(text, budget)
+            active, chosen = self.heads_for(text, budget)
             h = int(hashlib.sha256(f"{text}|{active}".encode()).hexdigest(), 16)
             p = 0.5 + ((h % 1000) / 1000 - 0.5) * 0.9
             scores = {self.info.labels[0]: 1 - p, self.info.labels[1]: p}
@@ -109,7 +109,7 @@ class FakeEngine:
             cost = Cost(heads_active=active, heads_total=total, attention_macs=dense * active // total,
                         attention_macs_dense=dense, total_macs=3 * dense, total_macs_dense=3 * dense)
             preds.append(Prediction(label=label, scores=scores, logits=[0.0, 0.0], n_tokens=n, truncated=truncated,
-                                    cost=cost, budget_applied=applied))
+                                    cost=cost, budget_chosen=chosen))
         return BatchResult(predictions=preds, budget=budget, heads_active=k, heads_total=total,
                            latency_s=time.perf_counter() - started)
 
@@ -118,7 +118,7 @@ class FakeEngine:
         return self._k(budget) / (self.info.n_layers * self.info.n_heads)
 
     def heads_for(self, text: str, budget: float) -> tuple[int, float | None]:
-        """(heads active, Prediction.budget_applied) for one text: one mask for the whole batch."""
+        """(heads active, Prediction.budget_chosen) for one text: one mask for the whole batch, nothing chosen."""
         return self._k(budget), None
 
     def warmup(self) -> None:
@@ -154,5 +154,6 @@ class FakeBudgetFormer(FakeEngine):
         return self._cap(budget) / self.info.n_heads
 
     def heads_for(self, text: str, budget: float) -> tuple[int, float | None]:
+        """Its own heads per layer within the cap; what it chose is that fraction of the heads."""
         k = min(self.predicted_heads(text), self._cap(budget))
         return k * self.info.n_layers, k / self.info.n_heads

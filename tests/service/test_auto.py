@@ -47,6 +47,10 @@ def applied(r: Any) -> list[float]:
     return [x["budget_applied"] for x in r.json()["results"]]
 
 
+def chosen(r: Any) -> list[float]:
+    return [x["budget_chosen"] for x in r.json()["results"]]
+
+
 async def test_auto_runs_each_text_at_its_own_budget() -> None:
     engine = FakeBudgetFormer()
     async with running_app(engine=engine) as (client, _, _):
@@ -56,11 +60,12 @@ async def test_auto_runs_each_text_at_its_own_budget() -> None:
         assert r.status_code == 200, r.text
         out = r.json()
         assert out["budget_source"] == "request" and out["degraded"] is False
-        assert applied(r) == [0.5, 0.75, 1.0, 0.25] == [engine.predicted_budget(t) for t in TEXTS]
+        assert chosen(r) == [0.5, 0.75, 1.0, 0.25] == [engine.predicted_budget(t) for t in TEXTS]
+        assert applied(r) == [1.0] * 4  # the budget that ran: the cap, the tier's max_budget
         for text, res in zip(TEXTS, out["results"], strict=True):
             assert res["budget_requested"] == "auto" and res["degraded"] is False
             assert (res["heads_active"], res["heads_total"]) == (2 * engine.predicted_heads(text), 8)
-            assert res["cost"] == pytest.approx(res["budget_applied"])
+            assert res["cost"] == pytest.approx(res["budget_chosen"])
     assert [b for _, b in engine.calls] == [1.0, 1.0]  # auto = no cap
 
 
@@ -71,9 +76,10 @@ async def test_numeric_budget_on_an_auto_checkpoint_is_a_cap() -> None:
         full = await client.post("/classify?budget=1.0", json={"texts": TEXTS}, headers=headers())
         over = await client.post("/classify?budget=0.9", json={"text": "x"}, headers=headers("cheap"))
     assert half.status_code == full.status_code == 200
-    assert applied(half) == [0.5, 0.5, 0.5, 0.25]  # min(own budget, cap)
+    assert chosen(half) == [0.5, 0.5, 0.5, 0.25]  # min(own budget, cap)
+    assert applied(half) == [0.5] * 4  # the cap it ran under
     assert [x["heads_active"] for x in half.json()["results"]] == [4, 4, 4, 2]
-    assert applied(full) == [0.5, 0.75, 1.0, 0.25]
+    assert chosen(full) == [0.5, 0.75, 1.0, 0.25] and applied(full) == [1.0] * 4
     assert {x["budget_requested"] for x in half.json()["results"]} == {0.5}
     assert {x["budget_requested"] for x in full.json()["results"]} == {1.0}
     assert half.json()["degraded"] is False and half.json()["budget_source"] == "request"
@@ -87,7 +93,7 @@ async def test_auto_is_capped_at_the_tier_maximum() -> None:
         r = await client.post("/classify?budget=auto", json={"texts": TEXTS}, headers=headers("cheap"))
         metrics = (await client.get("/metrics")).text
     assert r.status_code == 200, r.text
-    assert applied(r) == [0.5, 0.5, 0.5, 0.25]  # cheap: max_budget 0.5
+    assert chosen(r) == [0.5, 0.5, 0.5, 0.25] and applied(r) == [0.5] * 4  # cheap: max_budget 0.5
     assert {x["budget_requested"] for x in r.json()["results"]} == {"auto"} and r.json()["degraded"] is False
     assert [b for _, b in engine.calls] == [0.5]
     assert sample(metrics, "headbudget_inference_duration_seconds_count", budget="0.5") == 1  # it ran as 0.5
@@ -101,8 +107,8 @@ async def test_tier_default_auto() -> None:
     assert r.status_code == 200, r.text
     assert r.json()["budget_source"] == "tier_default" and r.json()["tier"] == "auto"
     assert {x["budget_requested"] for x in r.json()["results"]} == {"auto"}
-    assert applied(r) == [engine.predicted_budget(t) for t in TEXTS]
-    assert explicit.status_code == 200 and applied(explicit) == [0.25] * 4
+    assert chosen(r) == [engine.predicted_budget(t) for t in TEXTS] and applied(r) == [1.0] * 4
+    assert explicit.status_code == 200 and applied(explicit) == chosen(explicit) == [0.25] * 4
     assert [b for _, b in engine.calls] == [1.0, 0.25]
 
 
@@ -119,7 +125,7 @@ async def test_auto_bucket_in_metrics_and_feedback() -> None:
                                       headers=headers())
         metrics = (await client.get("/metrics")).text
     assert fb_auto.status_code == fb_capped.status_code == 200
-    assert fb_auto.json()["budget_applied"] == 0.75 and fb_capped.json()["budget_applied"] == 0.25  # per text
+    assert fb_auto.json()["budget_applied"] == 1.0 and fb_capped.json()["budget_applied"] == 0.5  # what ran: the cap
     assert sample(metrics, "headbudget_inference_duration_seconds_count", budget="auto") == 1
     assert sample(metrics, "headbudget_inference_duration_seconds_count", budget="0.5") == 1
     assert 'budget="1.0"' not in metrics  # on this checkpoint an uncapped run is "auto"
@@ -158,7 +164,9 @@ async def test_auto_degrades_to_a_lower_cap_under_load() -> None:
     assert all(x["budget_requested"] == "auto" for x in results)
     degraded = [x for x in results if x["degraded"]]
     assert degraded and all(x["budget_applied"] < 1.0 for x in degraded)
-    assert all(x["budget_applied"] >= 0.25 for x in results)  # one head per layer at the lowest cap
+    assert all(x["budget_chosen"] <= engine.run_fraction(x["budget_applied"]) for x in results)  # within the cap
+    assert all(x["budget_chosen"] >= 0.25 for x in results)  # one head per layer at the lowest cap
+    assert all(x["budget_applied"] >= 0.1 for x in results)  # never below the tier's min_budget
     assert min(b for _, b in engine.calls) < 1.0
 
 

@@ -21,14 +21,15 @@ def test_auto_answers_with_each_texts_predicted_budget(budgetformer_smoke: Path,
         assert auto.status_code == 200, auto.text
         results = auto.json()["results"]
         for r in results:
-            assert r["budget_requested"] == "auto"
-            assert r["budget_applied"] == r["heads_active"] / r["heads_total"]
+            assert r["budget_requested"] == "auto" and r["budget_applied"] == 1.0  # quality: max_budget 1.0
+            assert r["budget_chosen"] == r["heads_active"] / r["heads_total"]
             assert 0 < r["heads_active"] <= r["heads_total"] == 8  # tiny base: 2 layers x 4 heads
         default = c.post("/classify", json={"text": TEXTS[0]}, headers=h("balanced"))
         assert default.status_code == 200 and default.json()["budget_source"] == "tier_default"
         capped = c.post("/classify?budget=0.25", json={"text": TEXTS[0]}, headers={"X-API-Key": KEYS["quality"]})
         assert capped.status_code == 200
         assert capped.json()["results"][0]["heads_active"] <= 2  # cap: round(0.25 * 4) = 1 head per layer
+        assert capped.json()["results"][0]["budget_applied"] == 0.25
         assert capped.json()["results"][0]["heads_active"] <= results[0]["heads_active"]
         card = c.get("/v1/models").json()["data"][0]
         assert card["supports_auto"] is True
