@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,54 +100,77 @@ def _latency_panel(ax: Any, sweep: dict[str, Any], benches: list[dict[str, Any]]
     ax.legend(loc="lower right", fontsize=7)
 
 
+def _budgetformer_panels(report: dict[str, Any], fig: Any, axes: Any) -> None:
+    """Predicted-budget histogram at auto; accuracy vs mean cost under each cap, dense as a line."""
+    h = report["histogram"]
+    edges = h["edges"]
+    axes[0].bar(edges[:-1], h["counts"], width=edges[1] - edges[0], align="edge", color="tab:purple")
+    axes[0].axvline(report["mean_cost"], color="black", linestyle="--", label=f"mean {report['mean_cost']:.2f}")
+    axes[0].set(xlabel="predicted budget (fraction of heads run)", ylabel="test inputs",
+                title="budget=auto: predicted budgets")
+    axes[0].legend()
+    caps = report["caps"]
+    axes[1].plot([c["mean_cost"] for c in caps], [100 * c["accuracy"] for c in caps], "o-", markersize=4,
+                 label="cap = budget grid")
+    axes[1].plot([report["mean_cost"]], [100 * report["accuracy"]], "*", markersize=12, color="tab:red",
+                 label="auto")
+    axes[1].set(xlabel="mean cost (fraction of heads)", ylabel="accuracy (%)", title="accuracy vs mean cost")
+    _dense_line(axes[1], report)
+
+
+def _span_panels(report: dict[str, Any], fig: Any, axes: Any) -> None:
+    """Accuracy vs mean span (spans scaled down), dense as a line; the learned spans per layer and head."""
+    pts = report["scaled"]
+    axes[0].plot([p["mean_span"] for p in pts], [100 * p["accuracy"] for p in pts], "o-", label="test texts")
+    if pts and "accuracy_long" in pts[0]:
+        axes[0].plot([p["mean_span"] for p in pts], [100 * p["accuracy_long"] for p in pts], "s--",
+                     label=f"{report.get('long_length')}-token texts")
+        if report.get("dense_accuracy_long") is not None:
+            axes[0].axhline(100 * report["dense_accuracy_long"], color="gray", linestyle="--",
+                            label="dense, long texts")
+    axes[0].set(xlabel="mean span z (tokens; learned spans scaled down)", ylabel="accuracy (%)",
+                title="accuracy vs mean span")
+    z = np.asarray(report["spans"])
+    im = axes[1].imshow(z, aspect="auto", cmap="viridis")
+    fig.colorbar(im, ax=axes[1], label="span z (tokens)")
+    axes[1].set(xlabel="head", ylabel="layer", title="learned spans")
+    _dense_line(axes[0], report)
+
+
+def _ada_panels(report: dict[str, Any], fig: Any, axes: Any) -> None:
+    """Dimensions used per layer; mean complexity scores per layer (dense accuracy in the title: the right
+    panel is a score axis, not accuracy)."""
+    dense = report.get("dense_accuracy")
+    fr = report["dim_fraction_per_layer"]
+    axes[0].bar(range(len(fr)), fr, color="tab:orange")
+    axes[0].set(xlabel="layer", ylabel="mean fraction of head dimensions used", ylim=(0, 1.05),
+                title=f"AdaAttention: {100 * report['full_head_fraction']:.0f}% of heads at full dimension")
+    axes[1].bar(range(len(fr)), report["mean_score_per_layer"], color="tab:gray")
+    axes[1].axhline(0.5, color="black", linestyle="--", label="threshold")
+    acc = f"accuracy {100 * report['accuracy']:.2f}%" + (f" (dense {100 * dense:.2f}%)" if dense else "")
+    axes[1].set(xlabel="layer", ylabel="mean complexity score", ylim=(0, 1.05),
+                title=f"complexity scores; {acc}")
+
+
+def _dense_line(ax: Any, report: dict[str, Any]) -> None:
+    """The dense model's accuracy as a horizontal line on an accuracy axis, if the report has it."""
+    dense = report.get("dense_accuracy")
+    if dense is not None:
+        ax.axhline(100 * dense, color="gray", linestyle=":", label=f"dense {100 * dense:.1f}%")
+
+
+# Each adaptive type's two panels, by model_type (tests/training/test_adaptive.py checks these against
+# models/model_types.py).
+ADAPTIVE_PANELS: dict[str, Callable[[dict[str, Any], Any, Any], None]] = {
+    "budgetformer": _budgetformer_panels, "span": _span_panels, "adaattention": _ada_panels}
+
+
 def adaptive_plot(report: dict[str, Any], path: Path) -> Path:
     """BudgetFormer: predicted-budget histogram and accuracy vs mean cost; span: accuracy vs mean span;
     AdaAttention: dimensions used per layer."""
-    kind = report["model_type"]
+    panels = ADAPTIVE_PANELS[report["model_type"]]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=120)
-    dense = report.get("dense_accuracy")
-    if kind == "budgetformer":
-        h = report["histogram"]
-        edges = h["edges"]
-        axes[0].bar(edges[:-1], h["counts"], width=edges[1] - edges[0], align="edge", color="tab:purple")
-        axes[0].axvline(report["mean_cost"], color="black", linestyle="--", label=f"mean {report['mean_cost']:.2f}")
-        axes[0].set(xlabel="predicted budget (fraction of heads run)", ylabel="test inputs",
-                    title="budget=auto: predicted budgets")
-        axes[0].legend()
-        caps = report["caps"]
-        axes[1].plot([c["mean_cost"] for c in caps], [100 * c["accuracy"] for c in caps], "o-", markersize=4,
-                     label="cap = budget grid")
-        axes[1].plot([report["mean_cost"]], [100 * report["accuracy"]], "*", markersize=12, color="tab:red",
-                     label="auto")
-        axes[1].set(xlabel="mean cost (fraction of heads)", ylabel="accuracy (%)", title="accuracy vs mean cost")
-    elif kind == "span":
-        pts = report["scaled"]
-        axes[0].plot([p["mean_span"] for p in pts], [100 * p["accuracy"] for p in pts], "o-", label="test texts")
-        if pts and "accuracy_long" in pts[0]:
-            axes[0].plot([p["mean_span"] for p in pts], [100 * p["accuracy_long"] for p in pts], "s--",
-                         label=f"{report.get('long_length')}-token texts")
-            if report.get("dense_accuracy_long") is not None:
-                axes[0].axhline(100 * report["dense_accuracy_long"], color="gray", linestyle="--",
-                                label="dense, long texts")
-        axes[0].set(xlabel="mean span z (tokens; learned spans scaled down)", ylabel="accuracy (%)",
-                    title="accuracy vs mean span")
-        z = np.asarray(report["spans"])
-        im = axes[1].imshow(z, aspect="auto", cmap="viridis")
-        fig.colorbar(im, ax=axes[1], label="span z (tokens)")
-        axes[1].set(xlabel="head", ylabel="layer", title="learned spans")
-    else:
-        fr = report["dim_fraction_per_layer"]
-        axes[0].bar(range(len(fr)), fr, color="tab:orange")
-        axes[0].set(xlabel="layer", ylabel="mean fraction of head dimensions used", ylim=(0, 1.05),
-                    title=f"AdaAttention: {100 * report['full_head_fraction']:.0f}% of heads at full dimension")
-        axes[1].bar(range(len(fr)), report["mean_score_per_layer"], color="tab:gray")
-        axes[1].axhline(0.5, color="black", linestyle="--", label="threshold")
-        acc = f"accuracy {100 * report['accuracy']:.2f}%" + (f" (dense {100 * dense:.2f}%)" if dense else "")
-        axes[1].set(xlabel="layer", ylabel="mean complexity score", ylim=(0, 1.05),
-                    title=f"complexity scores; {acc}")
-    if dense is not None and kind != "adaattention":  # its right panel is a score axis, not accuracy
-        axes[1 if kind != "span" else 0].axhline(100 * dense, color="gray", linestyle=":",
-                                                  label=f"dense {100 * dense:.1f}%")
+    panels(report, fig, axes)
     for ax in axes:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
