@@ -17,7 +17,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headbudget.models.adaptive import AdaptiveAttention, AdaptiveClassifier, LayerOutput, masked_mean, real_tokens
+from headbudget.models.adaptive import (
+    AdaptiveAttention,
+    AdaptiveClassifier,
+    LayerOutput,
+    masked_mean,
+    real_tokens,
+)
 from headbudget.models.config import AdaConfig, ModelConfig
 
 

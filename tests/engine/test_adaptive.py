@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from headbudget.engine.adaptive_backend import AdaptiveEngine
-from headbudget.engine.adaptive_types import PATHS
 from headbudget.engine.adaptive_cost import plan_macs, span_pairs
+from headbudget.engine.adaptive_types import PATHS
 from headbudget.engine.base import pad
 from headbudget.engine.errors import BudgetError, ModelLoadError
 from headbudget.engine.factory import load_engine, model_info
