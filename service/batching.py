@@ -242,7 +242,7 @@ class Batcher:
 
     def _run_batch(self, batch: list[Job], budget: float, applied: dict[int, float],
                    wants: dict[int, float]) -> Callable[[], None] | None:
-        """Run and answer a batch; returns its bookkeeping (latency model, metrics) to call after the answers."""
+        """Run and answer a batch; returns its bookkeeping (the latency model) to call after the answers."""
         assert self.engine is not None and self.latency is not None
         texts = [t for j in batch for t in j.texts]
         started, cpu_started = time.monotonic(), time.thread_time()
@@ -265,7 +265,10 @@ class Batcher:
         # and waited a whole batch window (seen in CI: 300 ms on one of four sequential requests).
         self._set_idle()
         offset = 0
-        for job in batch:  # answers first: the bookkeeping below need not delay them (~0.1 ms, traced)
+        # The batch's metrics before its answers (a few microseconds): a client that reads /metrics right after
+        # its answer must see the pass that made it (test_metrics_move_with_requests failed on that race).
+        self._metrics.observe_batch(budget, wall, len(texts), cpu)
+        for job in batch:  # answers next: the latency model's update need not delay them (~0.1 ms, traced)
             preds = result.predictions[offset:offset + len(job.texts)]
             offset += len(job.texts)
             want, mine = wants[job.seq], applied[job.seq]
@@ -273,7 +276,7 @@ class Batcher:
                 predictions=preds, budget_requested=want, budget_applied=mine,
                 heads_active=result.heads_active, heads_total=result.heads_total, latency_s=result.latency_s,
                 queue_s=started - job.enqueued, degraded=mine < want))
-        latency, metrics = self.latency, self._metrics
+        latency = self.latency
 
         def bookkeeping() -> None:
             longest = max((p.n_tokens for p in result.predictions), default=1)
@@ -281,7 +284,6 @@ class Batcher:
             for text, pred in zip(texts, result.predictions, strict=True):
                 if not pred.truncated:
                     latency.observe_text(len(text), pred.n_tokens)
-            metrics.observe_batch(budget, wall, len(texts), cpu)
 
         return bookkeeping
 

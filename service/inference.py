@@ -107,12 +107,12 @@ async def classify(runtime: Runtime, caller: Caller, body: ClassifyRequest, choi
     applied = text_budgets(result)
     results = [TextResult(
         label=p.label, scores=p.scores, budget_requested=requested, budget_applied=b, budget_chosen=p.budget_chosen,
-        heads_active=p.cost.heads_active, heads_total=p.cost.heads_total, cost=p.cost.attention_ratio,
+        heads_active=p.cost.heads_active, heads_total=p.cost.heads_total, neurons_active=p.cost.neurons_active,
+        neurons_total=p.cost.neurons_total, cost=round(p.cost.ratio, 6),
+        attention_cost=round(p.cost.attention_ratio, 6),
         truncated=p.truncated, n_tokens=p.n_tokens, latency_ms=round(result.latency_s * 1000, 3),
         degraded=result.degraded) for p, b in zip(result.predictions, applied, strict=True)]
-    runtime.metrics.observe_answer(
-        caller.tier.name, [(p.cost.attention_ratio, p.cost.attention_macs, p.cost.attention_saved)
-                           for p in result.predictions], result.degraded)
+    runtime.metrics.observe_answer(caller.tier.name, [p.cost for p in result.predictions], result.degraded)
     await _remember(runtime, request_id, caller, result, applied)
     _annotate(request, choice, result, len(texts))
     return ClassifyResponse(

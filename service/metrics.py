@@ -22,6 +22,7 @@ from prometheus_client import (
 )
 from prometheus_client import multiprocess as prom_mp
 
+from headbudget.engine.types import Cost
 from headbudget.service.settings import AUTO, budget_label
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -58,6 +59,13 @@ class Metrics:
                                     registry=r)
         self.queue_depth = Gauge("headbudget_queue_depth", "Requests waiting for the model.", registry=r,
                                  multiprocess_mode="livesum")
+        self.whole_cost_ratio = Histogram(
+            "headbudget_cost_ratio", "Fraction of the dense whole forward pass's multiply-adds spent per text, "
+            "by tier.", ["tier"], buckets=RATIO_BUCKETS, registry=r)
+        self.whole_macs = Counter("headbudget_macs_total", "Whole-forward multiply-adds spent, by tier.", ["tier"],
+                                  registry=r)
+        self.whole_macs_saved = Counter("headbudget_macs_saved_total", "Whole-forward multiply-adds saved "
+                                        "against the dense model, by tier.", ["tier"], registry=r)
         self.cost_ratio = Histogram(
             "headbudget_attention_cost_ratio", "Fraction of dense attention multiply-adds spent per text, by tier.",
             ["tier"], buckets=RATIO_BUCKETS, registry=r)
@@ -101,12 +109,15 @@ class Metrics:
         self.engine_cpu.labels(budget=label).inc(cpu_s)
         self.batch_size.observe(size)
 
-    def observe_answer(self, tier: str, costs: Iterable[tuple[float, int, int]], degraded: bool) -> None:
-        """One classify answer: per text (cost ratio, attention MACs, MACs saved); whether it was degraded."""
-        for ratio, macs, saved in costs:
-            self.cost_ratio.labels(tier=tier).observe(ratio)
-            self.macs.labels(tier=tier).inc(macs)
-            self.macs_saved.labels(tier=tier).inc(saved)
+    def observe_answer(self, tier: str, costs: Iterable[Cost], degraded: bool) -> None:
+        """One classify answer: each text's cost (whole forward pass and attention); whether it was degraded."""
+        for c in costs:
+            self.whole_cost_ratio.labels(tier=tier).observe(c.ratio)
+            self.whole_macs.labels(tier=tier).inc(c.total_macs)
+            self.whole_macs_saved.labels(tier=tier).inc(c.saved)
+            self.cost_ratio.labels(tier=tier).observe(c.attention_ratio)
+            self.macs.labels(tier=tier).inc(c.attention_macs)
+            self.macs_saved.labels(tier=tier).inc(c.attention_saved)
         if degraded:
             self.degraded.labels(tier=tier).inc()
 

@@ -30,6 +30,7 @@ class Runtime:
         self.batcher = Batcher(engine_factory, config.server, self.metrics)
         self.info: ModelInfo | None = None
         self.grid_heads: dict[float, int] = {}  # grid budget -> most heads it buys, computed at start-up
+        self.grid_neurons: dict[float, int] = {}  # grid budget -> feed-forward neurons (whole-model budgets only)
         self.draining = False
         self.state_ok = True
 
@@ -46,7 +47,9 @@ class Runtime:
         self.metrics.supports_auto = info.supports_auto
         assert self.batcher.planner is not None and self.batcher.engine is not None
         engine = self.batcher.engine
-        self.grid_heads = {b: engine.plan(b).heads_active for b in self.budget_grid()}
+        plans = {b: engine.plan(b) for b in self.budget_grid()}
+        self.grid_heads = {b: p.heads_active for b, p in plans.items()}
+        self.grid_neurons = {b: sum(p.ffn) for b, p in plans.items() if p.ffn is not None}
         self.metrics.set_offline_accuracy(list(self.info.sweep.accuracy.items()) if self.info.sweep else [])
         self.state_ok = await self.state.ping()
         self.metrics.set_state_up(self.state_ok)

@@ -86,7 +86,14 @@ class TextResult(BaseModel):
                           "others")
     heads_active: int
     heads_total: int
-    cost: float = Field(description="fraction of the dense attention multiply-adds spent")
+    # The three fields below default to None only so that this client still reads older servers' answers.
+    neurons_active: int | None = Field(None, description="feed-forward neurons computed, summed over layers (all "
+                                       "of them unless the checkpoint's budget spans the whole model)")
+    neurons_total: int | None = None
+    cost: float = Field(description="fraction of the dense model's multiply-adds spent on this text (the whole "
+                                    "forward pass, at the text's own length)")
+    attention_cost: float | None = Field(None, description="fraction of the dense attention blocks' multiply-adds "
+                                         "spent")
     truncated: bool = Field(description="the text was longer than the token limit and was cut")
     n_tokens: int
     latency_ms: float = Field(description="forward pass of the batch this text ran in")
@@ -133,6 +140,8 @@ class BudgetPoint(BaseModel):
     budget: float
     heads_active: int = Field(description="heads the budget buys (for a checkpoint that picks its own heads "
                                           "per text: the most one text may run)")
+    neurons_active: int | None = Field(None, description="feed-forward neurons the budget buys, summed over "
+                                                         "layers; null when every neuron always runs")
     accuracy: float | None = Field(None, description="offline accuracy from sweep.json")
     latency_ms: float | None = Field(None, description="from the benchmark table, refreshed by the service")
 

@@ -19,7 +19,8 @@ async def list_models(runtime: RuntimeDep) -> ModelList:
     if info is None or latency is None:
         raise Unavailable("the model is not loaded yet", retry_after_s=5)
     accuracy = info.sweep.accuracy if info.sweep else {}
-    points = [BudgetPoint(budget=b, heads_active=runtime.grid_heads.get(b, 0), accuracy=accuracy.get(b),
+    points = [BudgetPoint(budget=b, heads_active=runtime.grid_heads.get(b, 0),
+                          neurons_active=runtime.grid_neurons.get(b), accuracy=accuracy.get(b),
                           latency_ms=round(latency.estimate_ms(b, latency.ref_tokens), 3))
               for b in runtime.budget_grid()]
     dense = info.sweep.dense_accuracy if info.sweep else None

@@ -218,9 +218,7 @@ async def _run(runtime: Runtime, caller: Caller, texts: list[str], choice: infer
         runtime.batcher.cancel(job)
         raise
     applied = inference.text_budgets(result)
-    runtime.metrics.observe_answer(
-        caller.tier.name, [(p.cost.attention_ratio, p.cost.attention_macs, p.cost.attention_saved)
-                           for p in result.predictions], result.degraded)
+    runtime.metrics.observe_answer(caller.tier.name, [p.cost for p in result.predictions], result.degraded)
     await inference._remember(runtime, request.state.request_id, caller, result, applied)
     inference._annotate(request, choice, result, len(texts))
     return result

@@ -106,8 +106,9 @@ class FakeEngine:
             scores = {self.info.labels[0]: 1 - p, self.info.labels[1]: p}
             label = max(scores, key=lambda lab: scores[lab])
             dense = 1000 * n
-            cost = Cost(heads_active=active, heads_total=total, attention_macs=dense * active // total,
-                        attention_macs_dense=dense, total_macs=3 * dense, total_macs_dense=3 * dense)
+            attention = dense * active // total  # the rest of the forward pass (2 x dense) always runs here
+            cost = Cost(heads_active=active, heads_total=total, attention_macs=attention,
+                        attention_macs_dense=dense, total_macs=attention + 2 * dense, total_macs_dense=3 * dense)
             preds.append(Prediction(label=label, scores=scores, logits=[0.0, 0.0], n_tokens=n, truncated=truncated,
                                     cost=cost, budget_chosen=chosen))
         return BatchResult(predictions=preds, budget=budget, heads_active=k, heads_total=total,

@@ -29,11 +29,14 @@ async def test_classify_single_text_fields_and_headers() -> None:
     assert body["tier"] == "balanced" and body["budget_source"] == "request" and body["degraded"] is False
     (res,) = body["results"]
     assert set(res) == {"label", "scores", "budget_requested", "budget_applied", "heads_active", "heads_total",
-                        "cost", "truncated", "n_tokens", "latency_ms", "degraded", "budget_chosen"}
+                        "neurons_active", "neurons_total", "cost", "attention_cost", "truncated", "n_tokens",
+                        "latency_ms", "degraded", "budget_chosen"}
     assert res["label"] in ("negative", "positive") and abs(sum(res["scores"].values()) - 1) < 1e-6
     assert res["budget_requested"] == res["budget_applied"] == 0.5
     assert res["budget_chosen"] is None  # a checkpoint with one plan per budget chooses nothing per text
-    assert (res["heads_active"], res["heads_total"]) == (4, 8) and res["cost"] == pytest.approx(0.5)
+    assert (res["heads_active"], res["heads_total"]) == (4, 8) and res["attention_cost"] == pytest.approx(0.5)
+    # cost is the whole forward pass's fraction: the fake's attention is a third of it, the rest always runs.
+    assert res["cost"] == pytest.approx((0.5 + 2) / 3, abs=1e-6)
     assert engine.calls == [(["a fine film"], 0.5)]
 
 

@@ -65,7 +65,7 @@ async def test_auto_runs_each_text_at_its_own_budget() -> None:
         for text, res in zip(TEXTS, out["results"], strict=True):
             assert res["budget_requested"] == "auto" and res["degraded"] is False
             assert (res["heads_active"], res["heads_total"]) == (2 * engine.predicted_heads(text), 8)
-            assert res["cost"] == pytest.approx(res["budget_chosen"])
+            assert res["attention_cost"] == pytest.approx(res["budget_chosen"])
     assert [b for _, b in engine.calls] == [1.0, 1.0]  # auto = no cap
 
 
