@@ -12,6 +12,24 @@ Methods (METHODS.md sections 1 and 4; one row per method and budget in compare.j
 | posthoc+recovery    | posthoc, one epoch of dense-teacher distillation at b  | one budget     |
 | static              | gates trained at one fixed b (stage 2, then stage 3)   | one budget     |
 
+With ``scope="model"`` (METHODS.md section 6, issue 16) the budget spans heads and feed-forward neuron groups,
+and every method is placed by its measured latency:
+
+| method              | artifact                                               | trained for    |
+|---------------------|--------------------------------------------------------|----------------|
+| dense               | the model-scope run's dense warm start (reference, b = 1) | -           |
+| budgeted            | the ``--scope model`` three-stage run (also served at b = 1) | every budget |
+| soft-only           | its stage-2 checkpoint, served with hard masks         | every budget   |
+| attention-only      | the attention-scope three-stage run of the same seed   | every budget   |
+| posthoc-model       | dense weights + importance ranking of heads and groups, no training | every budget |
+| layerdrop           | the first L - L // 2 layers (MiniLM: top 3 of 6 dropped), distilled | b = 1 only |
+| ffn-half            | half of each layer's feed-forward neurons, by importance, distilled | b = 1 only |
+
+The model-scope run is ``runs/budgeted-model-s<seed>-<hash>``; its dense warm start is the reference, the
+teacher and the source of the baselines, and the attention-only run is the ordinary attention-scope run of
+the same seed and recipe (``runs/budgeted-s<seed>-<hash>``, shared with an attention comparison in the same
+folder; its own warm start is trained the same way, bit-identical on CPU).
+
 Everything is cached under ``out`` by a hash of what determines it, so a second invocation trains nothing
 and a killed one resumes: ``runs/budgeted-s<seed>-<hash>`` is an ordinary ``headbudget train`` folder (the
 dense warm start in its ``stages/dense`` is shared by every method of that seed), and every other artifact
@@ -27,15 +45,20 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from headbudget.experiments import baselines
+from headbudget.experiments.compare_measure import (
+    EngineFactory,
+    Predictor,
+    macs_ratio,
+    measure_latency,
+    spearman_figures,
+)
 from headbudget.experiments.importance import Importance, head_importance, importance_heatmap
 from headbudget.models.checkpoint import load_checkpoint, save_checkpoint
 from headbudget.models.classifier import BudgetedClassifier
@@ -47,12 +70,13 @@ from headbudget.training.recipes import Recipe
 from headbudget.training.trainer import RunConfig, tokenizer_folder, train
 
 log = logging.getLogger(__name__)
+__all__ = ["CompareConfig", "EngineFactory", "Predictor", "run_compare"]
 
-# A latency probe: artifact folder -> predict(ids (1, N) int64, mask (1, N), budget) -> logits (1, C).
-Predictor = Callable[[np.ndarray, np.ndarray, float], np.ndarray]
-EngineFactory = Callable[[Path], Predictor]
 PER_BUDGET = ("posthoc+recovery", "static")
 METHODS = ("dense", "budgeted", "soft-only", "posthoc", "posthoc-structural", "posthoc+recovery", "static")
+# Whole-model scope: the dedicated small models a user would train instead (one artifact, one point, b = 1).
+SMALL = ("layerdrop", "ffn-half")
+MODEL_METHODS = ("dense", "budgeted", "soft-only", "attention-only", "posthoc-model", *SMALL)
 
 
 @dataclass(frozen=True)
@@ -73,10 +97,20 @@ class CompareConfig:
     latency_texts: int = 200  # test texts timed one by one per artifact (0 = skip latency)
     latency_repeats: int = 3  # passes over those texts; the median pass counts
     extra: dict[str, Any] = field(default_factory=dict)  # written to compare.json as is (e.g. the command)
+    # What the budget spans: "attention" (the published comparison, issue 7) or "model" (issue 16: heads and
+    # feed-forward groups, against the attention-only run and dedicated small models, placed by latency).
+    # Only "model" enters the cache hashes (through the run identity), so attention caches keep theirs.
+    scope: str = "attention"
+    latency_engine: str = "onnxruntime fp32, 1 thread, batch 1"  # what the injected latency probe runs
 
-    def run_config(self, seed: int) -> RunConfig:
+    def __post_init__(self) -> None:
+        if self.scope not in ("attention", "model"):
+            raise ValueError(f"unknown scope {self.scope!r}; attention or model")
+
+    def run_config(self, seed: int, scope: str | None = None) -> RunConfig:
         return RunConfig(base=self.base, data=self.data, recipe=self.recipe, seed=seed,
-                         text_column=self.text_column, label_column=self.label_column, device=self.device)
+                         text_column=self.text_column, label_column=self.label_column, device=self.device,
+                         scope=scope or self.scope)
 
 
 def config_hash(identity: dict[str, Any]) -> str:
@@ -98,20 +132,26 @@ class SeedContext:
     dense: BudgetedClassifier
     importance: Importance
     trained: list[str] = field(default_factory=list)  # artifacts this invocation trained
+    attention_dir: Path | None = None  # the attention-scope run (whole-model scope: the attention-only method)
 
 
 def _done(folder: Path) -> bool:
     return (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
 
 
-def ensure_budgeted(cfg: CompareConfig, seed: int, out: Path) -> tuple[Path, bool]:
-    """The budgeted run of ``seed`` (trained or resumed unless already complete); returns (folder, trained)."""
-    run = cfg.run_config(seed)
-    folder = out / "runs" / f"budgeted-s{seed}-{config_hash(run.identity())}"
+def ensure_budgeted(cfg: CompareConfig, seed: int, out: Path, scope: str | None = None) -> tuple[Path, bool]:
+    """The budgeted run of ``seed`` (trained or resumed unless already complete); returns (folder, trained).
+
+    ``scope`` (default the comparison's): the attention-scope run is ``budgeted-s<seed>-*`` whatever the
+    comparison's scope, so a model-scope comparison reuses an attention comparison's runs in the same folder.
+    """
+    run = cfg.run_config(seed, scope)
+    name = "budgeted" if run.scope == "attention" else f"budgeted-{run.scope}"
+    folder = out / "runs" / f"{name}-s{seed}-{config_hash(run.identity())}"
     if _done(folder) and all((folder / "stages" / s / "done.json").is_file() for s in ("dense", "budget", "hard")):
-        log.info("budgeted s%d: cached (%s)", seed, folder)
+        log.info("%s s%d: cached (%s)", name, seed, folder)
         return folder, False
-    log.info("budgeted s%d: training (%s)", seed, folder)
+    log.info("%s s%d: training (%s)", name, seed, folder)
     train(run, folder)
     return folder, True
 
@@ -128,7 +168,10 @@ def prepare_seed(cfg: CompareConfig, seed: int, out: Path) -> SeedContext:
     ctx = SeedContext(seed, run_dir, run.identity(), ds, tokenize(ds.train, encoder),
                       tokenize(ds.validation.take(recipe.val_examples), encoder),
                       tokenize(ds.test.take(cfg.test_limit), encoder), dense, None,  # type: ignore[arg-type]
-                      ["budgeted"] if trained else [])
+                      [f"budgeted-s{seed}"] if trained else [])
+    if cfg.scope == "model":
+        ctx.attention_dir, trained = ensure_budgeted(cfg, seed, out, scope="attention")
+        ctx.trained += [f"attention-only-s{seed}"] if trained else []
     ctx.importance = ensure_importance(cfg, ctx, out)
     return ctx
 
@@ -141,16 +184,15 @@ def _subset(data: TokenizedSplit, n: int | None) -> TokenizedSplit:
 def ensure_importance(cfg: CompareConfig, ctx: SeedContext, out: Path) -> Importance:
     """Head importance of the seed's dense warm start, cached as importance.json."""
     ident = {"run": ctx.run_identity, "examples": cfg.importance_examples, "ablation": cfg.ablation_examples}
+    # Whole-model scope: feed-forward neurons and groups are scored too (the run identity already differs).
+    group = ctx.dense.cfg.gate.ffn_group if cfg.scope == "model" else None
     folder = out / "artifacts" / f"importance-s{ctx.seed}-{config_hash(ident)}"
     path = folder / "importance.json"
     if path.is_file():
-        d = json.loads(path.read_text())
-        return Importance(np.asarray(d["gradient"]), np.asarray(d["gradient_raw"]),
-                          None if d["ablation"] is None else np.asarray(d["ablation"]), d["base_loss"],
-                          d["n_examples"])
+        return Importance.from_dict(json.loads(path.read_text()))
     log.info("importance s%d: computing on %d training examples", ctx.seed, cfg.importance_examples)
     val = _subset(ctx.val, cfg.ablation_examples) if cfg.ablation_examples else None
-    imp = head_importance(ctx.dense, _subset(ctx.train, cfg.importance_examples), val)
+    imp = head_importance(ctx.dense, _subset(ctx.train, cfg.importance_examples), val, ffn_group=group)
     folder.mkdir(parents=True, exist_ok=True)
     importance_heatmap(imp, folder / "importance.png", f"{ctx.ds.name}, dense warm start, seed {ctx.seed}")
     path.write_text(json.dumps({**imp.to_dict(), "identity": ident}, indent=2) + "\n")
@@ -177,6 +219,9 @@ def ensure_artifact(cfg: CompareConfig, ctx: SeedContext, out: Path, method: str
     """The checkpoint folder of one method (one budget for per-budget methods), built unless cached."""
     if method == "budgeted":
         return ctx.run_dir
+    if method == "attention-only":
+        assert ctx.attention_dir is not None, "the attention-only method belongs to the whole-model scope"
+        return ctx.attention_dir
     ident = {"method": method, "budget": budget, "run": ctx.run_identity,
              "importance_examples": cfg.importance_examples, "version": 1}
     tag = f"{method.replace('+', '-')}-s{ctx.seed}" + (f"-b{budget:.2f}" if budget is not None else "")
@@ -184,10 +229,11 @@ def ensure_artifact(cfg: CompareConfig, ctx: SeedContext, out: Path, method: str
     if _done(folder):
         log.info("%s: cached (%s)", tag, folder)
         return folder
-    log.info("%s: %s (%s)", tag, "training" if method in PER_BUDGET else "building", folder)
+    trains = method in PER_BUDGET or method in SMALL
+    log.info("%s: %s (%s)", tag, "training" if trains else "building", folder)
     t0 = time.perf_counter()
     model = _build(cfg, ctx, folder, method, budget)
-    if method in PER_BUDGET:
+    if trains:
         ctx.trained.append(tag)
     return _save_artifact(model, folder, ctx, cfg, method, ident, time.perf_counter() - t0, budget)
 
@@ -202,6 +248,11 @@ def _build(cfg: CompareConfig, ctx: SeedContext, folder: Path, method: str, budg
     if method == "soft-only":
         model, _ = load_checkpoint(ctx.run_dir / "stages" / "budget")
         return model
+    if method == "posthoc-model":
+        return baselines.with_ranking(ctx.dense, ctx.importance.unit_ranking())
+    if method in SMALL:
+        return baselines.small_model(method, ctx.dense, ctx.importance.neuron_raw, cfg.recipe, ctx.train, ctx.val,
+                                     seed)
     assert budget is not None
     if method == "posthoc+recovery":
         model = baselines.with_ranking(ctx.dense, ranking)
@@ -238,9 +289,16 @@ def evaluate_artifact(folder: Path, method: str, budgets: tuple[float, ...], ctx
                 model, _ = load_checkpoint(folder)
                 model = model.to(cfg.device)
             mode = "dense" if method == "dense" else "hard"
+            mask = model.gates.hard_mask(b)  # (L, U): the heads, then any feed-forward groups
             cache[key] = {"accuracy": accuracy(model, ctx.test, mode, b),
                           "cost": 1.0 if method == "dense" else model.hard_cost(b),
-                          "heads_per_layer": [int(x) for x in model.gates.hard_mask(b).sum(1)]}
+                          "heads_per_layer": [int(x) for x in mask[:, :model.cfg.n_heads].sum(1)]}
+            if cfg.scope == "model":
+                g = model.cfg.gate
+                cache[key]["macs_ratio"] = macs_ratio(model, None if method == "dense" else b, ctx.dense.cfg)
+                cache[key]["neurons_per_layer"] = (
+                    [int(x) * g.ffn_group for x in mask[:, model.cfg.n_heads:].sum(1)]
+                    if g.scope == "model" and method != "dense" else [model.cfg.intermediate_size] * model.cfg.n_layers)
         result[b] = cache[key]
     cache_path.write_text(json.dumps(cache, indent=2) + "\n")
     return result
@@ -248,6 +306,8 @@ def evaluate_artifact(folder: Path, method: str, budgets: tuple[float, ...], ctx
 
 def seed_entries(cfg: CompareConfig, ctx: SeedContext, out: Path) -> list[tuple[str, float, Path]]:
     """(method, budget, artifact folder) for every evaluation of one seed, building what is missing."""
+    if cfg.scope == "model":
+        return model_scope_entries(cfg, ctx, out)
     entries: list[tuple[str, float, Path]] = [("dense", 1.0, ensure_artifact(cfg, ctx, out, "posthoc"))]
     for method in ("budgeted", "soft-only", "posthoc", "posthoc-structural"):
         folder = ensure_artifact(cfg, ctx, out, method)
@@ -257,53 +317,18 @@ def seed_entries(cfg: CompareConfig, ctx: SeedContext, out: Path) -> list[tuple[
     return entries
 
 
-def measure_latency(entries: list[tuple[str, float, Path]], test: TokenizedSplit, factory: EngineFactory,
-                    n_texts: int, repeats: int) -> dict[tuple[str, float], dict[str, float]]:
-    """Median (over passes) mean per-text latency, batch 1, of every entry, timed round-robin in one process."""
-    texts = [np.asarray([ids], dtype=np.int64) for ids in test.ids[:n_texts]]
-    inputs = [(ids, np.ones_like(ids, dtype=np.int32)) for ids in texts]
-    predictors: dict[Path, Predictor] = {}
-    for _, _, folder in entries:
-        if folder not in predictors:
-            predictors[folder] = factory(folder)
-    diffs: dict[tuple[str, float], float] = {}
-    for method, b, folder in entries:  # warm-up, and the engine against the torch reference on a few texts
-        model, _ = load_checkpoint(folder)
-        gate = None if method == "dense" else model.hard_gates(b)
-        worst = 0.0
-        for ids, mask in inputs[:8]:
-            got = predictors[folder](ids, mask, b)
-            with torch.no_grad():
-                ref = model(torch.from_numpy(ids), torch.from_numpy(mask.astype(np.int64)), gate).numpy()
-            worst = max(worst, float(np.abs(got - ref).max()))
-        diffs[(method, b)] = worst
-    times: dict[tuple[str, float], list[float]] = {(m, b): [] for m, b, _ in entries}
-    for _ in range(repeats):
-        for method, b, folder in entries:
-            predict = predictors[folder]
-            t0 = time.perf_counter()
-            for ids, mask in inputs:
-                predict(ids, mask, b)
-            times[(method, b)].append(1000.0 * (time.perf_counter() - t0) / max(1, len(inputs)))
-    return {k: {"latency_ms": float(np.median(v)), "engine_max_abs_logit_diff": diffs[k]} for k, v in times.items()}
-
-
-def spearman_figures(cfg: CompareConfig, ctx: SeedContext, entries: list[tuple[str, float, Path]]) -> dict[str, float]:
-    """Rank agreement of head rankings: across budgets, and between the budgeted gates and importance."""
-    from scipy.stats import spearmanr
-
-    from headbudget.models.budget import crossing_logits
-    from headbudget.training.sweep import gate_spearman
-
-    budgeted, _ = load_checkpoint(ctx.run_dir)
-    out = {"budgeted_g_025_075": gate_spearman(budgeted, 0.25, 0.75),
-           "budgeted_vs_importance": float(spearmanr(-crossing_logits(budgeted.gates.params()).ravel(),
-                                                     ctx.importance.gradient.ravel()).statistic)}
-    static = {b: f for m, b, f in entries if m == "static"}
-    if 0.25 in static and 0.75 in static:
-        z = [crossing_logits(load_checkpoint(static[b])[0].gates.params()).ravel() for b in (0.25, 0.75)]
-        out["static_025_vs_075"] = float(spearmanr(z[0], z[1]).statistic)
-    return out
+def model_scope_entries(cfg: CompareConfig, ctx: SeedContext, out: Path) -> list[tuple[str, float, Path]]:
+    """The whole-model comparison's evaluations: the budgeted curve runs up to b = 1 (so that it reaches the
+    latencies of the attention-only checkpoint's budgets), the small models are one point each, at b = 1."""
+    posthoc = ensure_artifact(cfg, ctx, out, "posthoc-model")
+    curve = tuple(sorted({*cfg.budgets, 1.0}))
+    entries: list[tuple[str, float, Path]] = [("dense", 1.0, posthoc)]
+    entries += [("budgeted", b, ctx.run_dir) for b in curve]
+    for method in ("soft-only", "attention-only", "posthoc-model"):
+        folder = ensure_artifact(cfg, ctx, out, method)
+        entries += [(method, b, folder) for b in cfg.budgets]
+    entries += [(m, 1.0, ensure_artifact(cfg, ctx, out, m)) for m in SMALL]
+    return entries
 
 
 def run_compare(cfg: CompareConfig, out: Path, engine_factory: EngineFactory | None = None) -> dict[str, Any]:
@@ -318,12 +343,15 @@ def run_compare(cfg: CompareConfig, out: Path, engine_factory: EngineFactory | N
     for seed in cfg.seeds:
         ctx = prepare_seed(cfg, seed, out)
         entries = seed_entries(cfg, ctx, out)
-        trained += [t if t != "budgeted" else f"budgeted-s{seed}" for t in ctx.trained]
+        trained += ctx.trained
         results: dict[str, Any] = {}
         for method, b, folder in entries:
             ev = evaluate_artifact(folder, method, (b,), ctx, cfg)[b]
             results[f"{method}@{b:.2f}"] = {"method": method, "budget": b, "folder": str(folder), **ev,
                                             "train_seconds": _train_seconds(folder, method, ctx.run_dir)}
+            if method in SMALL:  # the small model's own shape, for the report
+                c = json.loads((folder / "config.json").read_text())["model"]
+                results[f"{method}@{b:.2f}"].update(n_layers=c["n_layers"], intermediate_size=c["intermediate_size"])
         if engine_factory is not None and cfg.latency_texts > 0:
             torch.set_num_threads(1)
             lat = measure_latency(entries, ctx.test, engine_factory, cfg.latency_texts, cfg.latency_repeats)
@@ -333,15 +361,18 @@ def run_compare(cfg: CompareConfig, out: Path, engine_factory: EngineFactory | N
         per_seed[seed] = {"results": results, "spearman": spearman_figures(cfg, ctx, entries),
                           "dense_train_seconds": float(stages["dense"]["seconds"]),
                           "importance_ranking": ctx.importance.ranking().tolist()}
+        if cfg.scope == "model":
+            per_seed[seed]["unit_ranking"] = ctx.importance.unit_ranking().tolist()
         n_test, dataset = len(ctx.test), ctx.ds.name
         log.info("seed %d: %d evaluations", seed, len(results))
     if not trained:
         log.info("nothing trained: every artifact was cached")
     doc = {"dataset": dataset, "data": cfg.data, "split": "test", "n_test": n_test, "base": cfg.base,
            "recipe": cfg.recipe.to_dict(), "seeds": list(cfg.seeds), "budgets": list(cfg.budgets),
-           "latency": {"engine": "onnxruntime fp32, 1 thread, batch 1", "texts": cfg.latency_texts,
+           "latency": {"engine": cfg.latency_engine, "texts": cfg.latency_texts,
                        "repeats": cfg.latency_repeats} if engine_factory and cfg.latency_texts else None,
            "trained_this_run": trained, "wall_seconds": time.perf_counter() - t0, **cfg.extra,
+           **({"scope": "model"} if cfg.scope == "model" else {}),
            "per_seed": {str(k): v for k, v in per_seed.items()}}
     write_report(doc, out)
     return doc
@@ -354,6 +385,9 @@ def _train_seconds(folder: Path, method: str, run_dir: Path) -> float:
         return float(stages["budget"]["seconds"] + stages["hard"]["seconds"])
     if method == "soft-only":
         return float(stages["budget"]["seconds"])
-    if method in PER_BUDGET:
+    if method == "attention-only":  # its own run's stages 2 and 3 (its warm start: same recipe and seed)
+        own = json.loads((folder / "config.json").read_text()).get("stages", {})
+        return float(own["budget"]["seconds"] + own["hard"]["seconds"])
+    if method in PER_BUDGET or method in SMALL:
         return float(json.loads((folder / "config.json").read_text()).get("train_seconds", 0.0))
     return 0.0  # dense (the warm start itself), posthoc: no training

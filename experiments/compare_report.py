@@ -11,7 +11,10 @@ import numpy as np
 
 # Serving every budget: fine-tune jobs (the dense warm start counts as one) and deployed artifacts.
 # B = number of budgets; the budgeted run is one job for stages 2 + 3 on top of the warm start.
-ORDER = ("dense", "budgeted", "soft-only", "posthoc", "posthoc-structural", "posthoc+recovery", "static")
+# The whole-model scope (issue 16) adds the attention-only checkpoint, post-hoc pruning of heads and neuron
+# groups, and the dedicated small models (experiments/latency_placement.py writes its report).
+ORDER = ("dense", "budgeted", "soft-only", "posthoc", "posthoc-structural", "posthoc+recovery", "static",
+         "attention-only", "posthoc-model", "layerdrop", "ffn-half")
 
 
 def jobs_and_artifacts(method: str, n_budgets: int) -> tuple[int, int]:
@@ -24,6 +27,10 @@ def jobs_and_artifacts(method: str, n_budgets: int) -> tuple[int, int]:
         "posthoc-structural": (1, 1),
         "posthoc+recovery": (1 + n_budgets, n_budgets),
         "static": (1 + n_budgets, n_budgets),
+        "attention-only": (2, 1),
+        "posthoc-model": (1, 1),
+        "layerdrop": (2, 1),  # the warm start, then its distillation; serves one point (b = 1), not every budget
+        "ffn-half": (2, 1),
     }[method]
 
 
@@ -53,6 +60,7 @@ def aggregate(doc: dict[str, Any]) -> dict[str, Any]:
             ("speedup", [d["latency_ms"] / p["latency_ms"] if p.get("latency_ms") and d.get("latency_ms") else None
                          for p, d in zip(per, dense, strict=True)]),
             ("engine_max_abs_logit_diff", [p.get("engine_max_abs_logit_diff") for p in per]),
+            *((("macs_ratio", [p.get("macs_ratio") for p in per]),) if "macs_ratio" in per[0] else ()),
         ):
             row[f"{name}_mean"], row[f"{name}_std"] = _stats(vals)
         rows.append(row)
@@ -135,22 +143,27 @@ def markdown(doc: dict[str, Any]) -> str:
             "|---|---|---|---|"]
     for m, v in doc["methods"].items():
         out.append(f"| {m} | {v['fine_tune_jobs']} | {v['artifacts']} | {_pm(v['train_seconds_mean'], v['train_seconds_std'], 1, 0)} |")
-    sp = doc["spearman"]
-    out += ["", "Rank agreement of heads (Spearman, mean ± std over seeds). The budgeted checkpoint serves one "
-            "ranking, by crossing budget b* = sigmoid(-a/β), so its kept sets are nested and its serving ranking "
-            "is identical at every budget (Spearman 1 by construction); the published figure (0.91 on AG News) "
-            "compares the gate values g(0.25) and g(0.75), reported here as sweep.py's `gate_spearman` does:", ""]
-    labels = {"budgeted_g_025_075": "budgeted, g(0.25) vs g(0.75)",
-              "budgeted_vs_importance": "budgeted ranking vs gradient importance of the dense model",
-              "static_025_vs_075": "static b = 0.25 vs static b = 0.75 rankings (separately trained)"}
-    for k, v in sp.items():
-        out.append(f"- {labels.get(k, k)}: {_pm(v['mean'], v['std'], 1, 3)}")
+    out += ["", *spearman_lines(doc)]
     checks = goal_checks(doc)
     if checks:
         out += ["", "Goals of issue 7:", "", *checks]
     out += ["", f"Trained in this invocation: {', '.join(doc['trained_this_run']) or 'nothing (all cached)'}; "
             f"wall time {doc['wall_seconds']:.0f} s.", ""]
     return "\n".join(out)
+
+
+def spearman_lines(doc: dict[str, Any], units: str = "heads") -> list[str]:
+    """The rank-agreement paragraph and its list of figures."""
+    out = [f"Rank agreement of {units} (Spearman, mean ± std over seeds). The budgeted checkpoint serves one "
+           "ranking, by crossing budget b* = sigmoid(-a/β), so its kept sets are nested and its serving ranking "
+           "is identical at every budget (Spearman 1 by construction); the published figure (0.91 on AG News) "
+           "compares the gate values g(0.25) and g(0.75), reported here as sweep.py's `gate_spearman` does:", ""]
+    labels = {"budgeted_g_025_075": "budgeted, g(0.25) vs g(0.75)",
+              "budgeted_vs_importance": "budgeted ranking vs gradient importance of the dense model",
+              "static_025_vs_075": "static b = 0.25 vs static b = 0.75 rankings (separately trained)"}
+    for k, v in doc["spearman"].items():
+        out.append(f"- {labels.get(k, k)}: {_pm(v['mean'], v['std'], 1, 3)}")
+    return out
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:
@@ -195,8 +208,16 @@ def _no_nan(x: Any) -> Any:
 
 
 def write_report(doc: dict[str, Any], out: Path) -> None:
-    """Add the aggregate to ``doc`` and write the three files."""
+    """Add the aggregate to ``doc`` and write the three files (the whole-model scope: placed by latency)."""
     doc.update(aggregate(doc))
+    if doc.get("scope") == "model":
+        from headbudget.experiments import latency_placement
+
+        doc["placement"] = latency_placement.placement(doc)
+        (out / "compare.json").write_text(json.dumps(_no_nan(doc), indent=2, allow_nan=False) + "\n")
+        (out / "compare.md").write_text(latency_placement.markdown(doc))
+        latency_placement.plot(doc, out / "compare.png")
+        return
     (out / "compare.json").write_text(json.dumps(_no_nan(doc), indent=2, allow_nan=False) + "\n")
     (out / "compare.md").write_text(markdown(doc))
     plot(doc, out / "compare.png")

@@ -1,4 +1,6 @@
-"""`headbudget compare`: the budgeted checkpoint against post-hoc pruning, recovery and static gates."""
+"""`headbudget compare`: the budgeted checkpoint against post-hoc pruning, recovery and static gates; with
+``--scope model``, the whole-model budget against the attention-only checkpoint, post-hoc pruning of heads and
+neurons and dedicated small models, placed by measured latency (issue 16)."""
 
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ def _budget(text: str) -> float:
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("compare", help="compare the budgeted checkpoint with pruning and static baselines")
+    p = sub.add_parser("compare", help="compare the budgeted checkpoint with pruning, static and small-model baselines")
     p.add_argument("--data", required=True, help="synthetic, a folder with train/test files, or a HF dataset name")
     p.add_argument("--seeds", type=_list(int, "--seeds"), default=(7, 13, 21), help="e.g. 7,13,21")
     p.add_argument("--budgets", type=_list(float, "--budgets", _budget), default=(0.25, 0.5, 0.75),
@@ -52,16 +54,24 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--limit", type=positive_int, default=None, help="test examples to evaluate (default all)")
     p.add_argument("--latency-texts", type=int, default=200, help="test texts timed per artifact (0 = skip)")
     p.add_argument("--latency-repeats", type=positive_int, default=3)
+    p.add_argument("--scope", default="attention", choices=("attention", "model"),
+                   help="what the budget spans: attention heads (the published comparison) or the whole model "
+                        "(heads and feed-forward groups, against the attention-only run and small models)")
+    p.add_argument("--backend", default="onnxruntime", choices=("onnxruntime", "torch"),
+                   help="the engine that latency is measured on (torch: the masked reference model)")
     p.add_argument("--out", required=True, type=Path, help="folder for artifacts (cached) and the report")
     p.set_defaults(func=run)
 
 
-def _engine_factory(folder: Path):  # type: ignore[no-untyped-def]
-    """The serving engine (ONNX Runtime fp32, one thread) of an artifact, as ids, mask, budget -> logits."""
+def _engine_factory(backend: str):  # type: ignore[no-untyped-def]
+    """The serving engine (fp32, one thread) of an artifact, as ids, mask, budget -> logits."""
     from headbudget.engine.factory import load_engine
     from headbudget.engine.types import EngineOptions
 
-    return load_engine(folder, EngineOptions(backend="onnxruntime", precision="fp32", threads=1)).predict_ids
+    def factory(folder: Path):  # type: ignore[no-untyped-def]
+        return load_engine(folder, EngineOptions(backend=backend, precision="fp32", threads=1)).predict_ids
+
+    return factory
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,8 +96,9 @@ def run(args: argparse.Namespace) -> int:
                         base=args.base, device=device, importance_examples=args.importance_examples,
                         ablation_examples=args.ablation_examples, test_limit=args.limit,
                         latency_texts=args.latency_texts, latency_repeats=args.latency_repeats,
+                        scope=args.scope, latency_engine=f"{args.backend} fp32, 1 thread, batch 1",
                         extra={"command": "headbudget " + shlex.join(sys.argv[1:]) if sys.argv[1:] else None})
-    doc = run_compare(cfg, args.out, _engine_factory)
+    doc = run_compare(cfg, args.out, _engine_factory(args.backend))
     print((args.out / "compare.md").read_text())
     print(f"wrote {args.out / 'compare.json'}, {args.out / 'compare.md'}, {args.out / 'compare.png'} "
           f"({doc['wall_seconds']:.0f} s)")
