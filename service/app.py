@@ -67,13 +67,14 @@ def create_app(config: ServiceConfig, engine_factory: Callable[[], Engine], *, c
     return app
 
 
-def default_engine_factory(settings: ServeSettings) -> Callable[[], Engine]:
+def default_engine_factory(settings: ServeSettings,
+                           prepacked_budgets: tuple[float, ...] | None = None) -> Callable[[], Engine]:
     """Loads the checkpoint with the engine's factory (imported lazily: the one start-up call into it)."""
 
     def factory() -> Engine:
         from headbudget.engine.factory import load_engine
 
-        engine: Engine = load_engine(settings.model_dir, settings.engine_options())
+        engine: Engine = load_engine(settings.model_dir, settings.engine_options(prepacked_budgets))
         return engine
 
     return factory
@@ -87,5 +88,6 @@ def app_from_env() -> FastAPI:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the loop's handler is installed at start-up
     settings = ServeSettings.from_env()
     config = load_config(settings.config_path)
-    return create_app(config, default_engine_factory(settings), config_path=settings.config_path,
+    # The tiers' default budgets are what most requests run at: they get prepacked sessions (EngineOptions).
+    return create_app(config, default_engine_factory(settings, config.default_budgets()), config_path=settings.config_path,
                       extra_key_hashes=settings.extra_key_hashes)

@@ -15,6 +15,7 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
@@ -161,6 +162,10 @@ class ServiceConfig(_Strict):
             raise ConfigError(f"{named}: default_budget = \"auto\", but checkpoint {model!r} does not predict its "
                               f"own budget (supports_auto is false); give a numeric default_budget")
 
+    def default_budgets(self) -> tuple[float, ...]:
+        """Every tier's default budget as a number (what most requests run at: the engine prepacks these)."""
+        return tuple(sorted({t.default_cap for t in self.tiers.values()}))
+
     def latency_targets_s(self) -> list[float]:
         """Every tier's latency target in seconds (histogram bucket boundaries)."""
         return sorted({t.latency_target_ms / 1000.0 for t in self.tiers.values() if t.latency_target_ms})
@@ -268,9 +273,10 @@ class ServeSettings(BaseModel):
     threads: Annotated[int, Field(ge=1)] = 1
     extra_key_hashes: dict[str, str] = {}  # sha256 -> tier: ephemeral keys (serve --print-curl), never written
 
-    def engine_options(self) -> EngineOptions:
-        """The engine options these settings select."""
-        return EngineOptions(backend=self.backend, precision=self.precision, threads=self.threads)
+    def engine_options(self, prepacked_budgets: tuple[float, ...] | None = None) -> EngineOptions:
+        """The engine options these settings select; ``prepacked_budgets`` (the tiers' defaults) if given."""
+        options = EngineOptions(backend=self.backend, precision=self.precision, threads=self.threads)
+        return options if prepacked_budgets is None else replace(options, prepacked_budgets=prepacked_budgets)
 
     def to_env(self) -> str:
         """Serialize for the HEADBUDGET_SERVE environment variable."""

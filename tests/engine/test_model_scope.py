@@ -95,7 +95,24 @@ def test_fp32_matches_masked_reference_at_every_budget(tiny_model_scope_checkpoi
             assert p.cost == plan.cost(Shape.of(reference.cfg), p.n_tokens)
             assert p.cost.neurons_active == sum(plan.ffn or ())
     if options.backend == "onnxruntime" and options.prepack:
-        assert engine.n_sessions == 1  # type: ignore[attr-defined]  # one session served all 19 budgets
+        # One session served every budget, plus one prepacked session per prepacked budget that is not dense.
+        assert engine.n_sessions == 1 + len(options.prepacked_budgets)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_prepacked_budgets_answer_exactly_as_the_all_budget_session(tiny_model_scope_checkpoint: Path,
+                                                                    precision: str, tmp_path: Path) -> None:
+    # A prepacked budget runs its own session; it must answer what the one all-budget session answers.
+    hot = load_engine(tiny_model_scope_checkpoint, EngineOptions(precision=precision, cache_dir=tmp_path,  # type: ignore[arg-type]
+                                                                 prepacked_budgets=(0.25, 0.5, 0.75, 1.0)))
+    cold = load_engine(tiny_model_scope_checkpoint, EngineOptions(precision=precision, cache_dir=tmp_path,  # type: ignore[arg-type]
+                                                                  prepacked_budgets=()))
+    ids, mask = _inputs(hot)
+    for b in (0.25, 0.5, 0.75, 1.0, 0.3):
+        np.testing.assert_allclose(hot.predict_ids(ids, mask, b), cold.predict_ids(ids, mask, b), atol=1e-5, rtol=0)
+    assert cold.n_sessions == 1  # type: ignore[attr-defined]
+    # b = 1 runs every layer whole, which the all-budget session already has prepacked: no session of its own.
+    assert hot.n_sessions == 1 + 3  # type: ignore[attr-defined]
 
 
 def test_int8_runs_and_mostly_agrees(tiny_model_scope_checkpoint: Path, reference: BudgetedClassifier,

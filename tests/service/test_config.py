@@ -109,3 +109,14 @@ async def test_async_client_round_trip() -> None:
             with pytest.raises(HeadbudgetError) as e:
                 await cheap.classify("x", budget=1.0)
             assert e.value.status == 403 and e.value.request_id
+
+
+def test_the_tiers_default_budgets_are_the_engines_prepacked_budgets(tmp_path: Path) -> None:
+    from headbudget.service.settings import ServeSettings
+
+    config = parse_config(config_dict())  # cheap 0.25, balanced 0.5, quality 1.0 (flex: its own default)
+    budgets = config.default_budgets()
+    assert budgets == tuple(sorted({t.default_cap for t in config.tiers.values()})) and 0.25 in budgets
+    settings = ServeSettings(model_dir=tmp_path, config_path=tmp_path / "service.toml")
+    assert settings.engine_options(budgets).prepacked_budgets == budgets
+    assert settings.engine_options().prepacked_budgets == (0.25, 0.5)  # the engine's own default otherwise
