@@ -22,7 +22,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
-from headbudget.engine.types import EngineOptions
+from headbudget.engine.types import Backend, EngineOptions, Precision
 
 Budget = Annotated[float, Field(ge=0.1, le=1.0, allow_inf_nan=False)]
 AUTO: Final = "auto"  # the budget a checkpoint that predicts its own per input (BudgetFormer) runs with; a metrics label
@@ -268,8 +268,8 @@ class ServeSettings(BaseModel):
 
     model_dir: Path
     config_path: Path
-    backend: Literal["onnxruntime", "torch"] = "onnxruntime"
-    precision: Literal["fp32", "int8"] = "int8"  # `headbudget serve` picks fp32 where int8 has no engine
+    backend: Backend = "onnxruntime"
+    precision: Precision = "int8"  # `headbudget serve` picks fp32 where int8 has no engine
     threads: Annotated[int, Field(ge=1)] = 1
     extra_key_hashes: dict[str, str] = {}  # sha256 -> tier: ephemeral keys (serve --print-curl), never written
 
@@ -299,8 +299,8 @@ class ServeEnv(BaseSettings):
 
     model_dir: Path | None = None
     config: Path | None = None
-    backend: Literal["onnxruntime", "torch"] | None = None
-    precision: Literal["fp32", "int8"] | None = None
+    backend: Backend | None = None
+    precision: Precision | None = None
     threads: Annotated[int, Field(ge=1)] | None = None
     host: str | None = None
     port: Annotated[int, Field(ge=1, le=65535)] | None = None
