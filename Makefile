@@ -15,6 +15,9 @@ PORT ?= 8000
 # int8 is the default engine (docs/results.md, section 2: faster than ORT's int8 dense export, within 0.16
 # points of fp32 on AG News); `make run PRECISION=fp32` serves and benchmarks fp32 instead.
 PRECISION ?= int8
+# What a budget spans: "model" (attention heads and feed-forward neurons: b = 0.5 runs about half the
+# multiply-adds, 1.9x faster than b = 1; docs/results.md section 9) or "attention" (heads only, the published method).
+SCOPE ?= model
 
 .PHONY: install system-deps test lint run train bench serve clean
 
@@ -53,7 +56,7 @@ lint: install
 	$(BIN)/mypy -p headbudget.engine -p headbudget.service
 
 $(CHECKPOINT)/config.json: | $(STAMP)
-	$(BIN)/headbudget train --base minilm --data $(DATA) --recipe quick --out $(CHECKPOINT) --seed 7
+	$(BIN)/headbudget train --base minilm --data $(DATA) --recipe quick --scope $(SCOPE) --out $(CHECKPOINT) --seed 7
 
 train: $(CHECKPOINT)/config.json
 
