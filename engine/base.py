@@ -9,8 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
+from headbudget.engine.decider import DECIDER_FILE, passes_cost, pooled_features, run_auto
 from headbudget.engine.errors import BudgetError, InputError, ModelLoadError
-from headbudget.engine.types import BatchResult, EngineOptions, ExecutionPlan, ModelInfo, Prediction
+from headbudget.engine.types import BatchResult, Cost, EngineOptions, ExecutionPlan, ModelInfo, Prediction
 from headbudget.models.config import ModelConfig
 from headbudget.models.plan import Shape
 from headbudget.models.tokenizer import TextEncoder
@@ -75,6 +76,7 @@ class EngineBase:
         self.max_length = max_length
         self.shape = Shape.of(cfg)
         self._plans: dict[float, ExecutionPlan] = {}
+        self._costs: dict[tuple[float, int], Cost] = {}  # (budget, tokens) -> one pass's cost (predict_auto)
 
     # -- to implement ----------------------------------------------------------------------------------
     def make_plan(self, budget: float) -> ExecutionPlan:
@@ -84,6 +86,25 @@ class EngineBase:
     def forward_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray, plan: ExecutionPlan) -> np.ndarray:
         """Logits (B, C) float32 for padded int64 ids and int32 mask (B, N), running ``plan``."""
         raise NotImplementedError
+
+    def embedding_tables(self) -> dict[str, np.ndarray]:
+        """The embedding layer as the weight store lays it out (engine/weights.py ``pack``): ``word`` (int8 rows
+        with ``word_s`` scales, or fp32), ``pos_tt``, ``emb_g``, ``emb_b``. Backends whose type has static plans
+        (the ones a decider serves) implement it."""
+        raise NotImplementedError
+
+    def embed(self, ids: Sequence[int]) -> np.ndarray:
+        """The embedding layer's output (N, D) for one text's ids: word + position + type, LayerNorm, in numpy
+        (a predictor decider's cheap features: no encoder layer runs)."""
+        t = self.embedding_tables()
+        idx = np.asarray(ids, dtype=np.int64)
+        x = t["word"][idx].astype(np.float32)
+        if "word_s" in t:
+            x *= t["word_s"][idx]
+        x += t["pos_tt"][: len(idx)]
+        mu = x.mean(axis=-1, keepdims=True)
+        var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
+        return (x - mu) / np.sqrt(var + self.cfg.layer_norm_eps) * t["emb_g"] + t["emb_b"]  # type: ignore[no-any-return]
 
     # -- the Engine interface ---------------------------------------------------------------------------
     def plan(self, budget: float) -> ExecutionPlan:
@@ -117,6 +138,53 @@ class EngineBase:
             ))
         return BatchResult(predictions=preds, budget=b, heads_active=plan.heads_active,
                            heads_total=plan.heads_total, latency_s=latency)
+
+    def predict_auto(self, texts: Sequence[str], ceiling: float = 1.0, target: float | None = None) -> BatchResult:
+        decider = self.info.decider
+        if decider is None:
+            raise BudgetError(f"budget=auto: checkpoint {self.info.name!r} has no decider ({DECIDER_FILE}; make "
+                              "one with `headbudget decider`)")
+        c = check_budget(ceiling)
+        enc = self.encoder.encode(check_texts(texts))
+        lengths = [len(ids) for ids in enc.ids]
+
+        def run_pass(budget: float, idx: list[int]) -> np.ndarray:
+            ids, mask = pad([enc.ids[i] for i in idx], self.encoder.pad_id)
+            return self.forward_ids(ids, mask, self.plan(budget))
+
+        def pass_macs(budget: float, n: int) -> int:
+            return self.pass_cost(budget, n).total_macs
+
+        t0 = time.perf_counter()
+        features = self.features(enc.ids) if decider.kind == "predictor" else None
+        runs = run_auto(decider, decider.point(target), c, lengths, run_pass, pass_macs, features)
+        latency = time.perf_counter() - t0
+        labels, preds = self.cfg.labels, []
+        for i, run in enumerate(runs):
+            assert run.logits is not None
+            logits = run.logits.astype(np.float32)
+            probs = softmax(logits.astype(np.float64)[None, :])[0]
+            cost = passes_cost([self.pass_cost(b, lengths[i]) for b in run.passes])
+            preds.append(Prediction(
+                label=labels[int(np.argmax(logits))], scores=dict(zip(labels, probs.tolist(), strict=True)),
+                logits=logits.tolist(), n_tokens=lengths[i], truncated=enc.truncated[i], cost=cost,
+                budget_chosen=run.passes[-1], budget_applied=run.passes[-1], passes=tuple(run.passes)))
+        heads = round(sum(p.cost.heads_active for p in preds) / len(preds))
+        return BatchResult(predictions=preds, budget=c, heads_active=heads, heads_total=self.cfg.total_heads,
+                           latency_s=latency)
+
+    def pass_cost(self, budget: float, n_tokens: int) -> Cost:
+        """One pass's cost at ``budget`` for a text of ``n_tokens`` (cached: a decider asks often)."""
+        cost = self._costs.get((budget, n_tokens))
+        if cost is None:
+            if len(self._costs) > 50_000:  # ceilings are any number: keep the cache bounded
+                self._costs.clear()
+            cost = self._costs[(budget, n_tokens)] = self.plan(budget).cost(self.shape, n_tokens)
+        return cost
+
+    def features(self, rows: Sequence[Sequence[int]]) -> np.ndarray:
+        """(B, D + 1) the predictor decider's features of tokenized texts (engine/decider.py)."""
+        return np.stack([pooled_features(self.embed(ids), len(ids)) for ids in rows])
 
     def predict_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray, budget: float) -> np.ndarray:
         """Logits (B, C) for pre-tokenized, padded inputs (evaluation and the benchmark)."""

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from headbudget.engine.artifacts import BenchRecord, SweepRecord
+from headbudget.engine.decider import read_decider
 from headbudget.engine.errors import ModelLoadError
 from headbudget.engine.protocol import Engine
 from headbudget.engine.types import EngineOptions, ModelInfo
@@ -39,15 +40,19 @@ def model_info(model_dir: Path, options: EngineOptions) -> ModelInfo:
     config, cfg = checkpoint_config(model_dir)
     kind = model_type(cfg.model_type)  # the architecture's own field (model.model_type), not the meta copy
     backend = options.backend if kind.static_plans else "torch-adaptive"
+    checksum = checkpoint_digest(model_dir)
+    # A decider (decider.json, engine/decider.py) serves budget=auto on a type with static, nested plans.
+    decider = read_decider(model_dir, checksum, cfg.labels) if kind.static_plans else None
     return ModelInfo(
         name=str(config.get("name") or model_dir.name),
-        checksum=checkpoint_digest(model_dir),
+        checksum=checksum,
         labels=cfg.labels,
         n_layers=cfg.n_layers,
         n_heads=cfg.n_heads,
         max_length=options.max_length or cfg.max_position,
         model_type=kind.name,
-        supports_auto=kind.supports_auto,
+        supports_auto=kind.supports_auto or decider is not None,
+        decider=decider,
         sweep=_artifact(model_dir / "sweep.json", SweepRecord.parse),
         bench=_artifact(model_dir / "bench.json", BenchRecord.parse),
         extra={"backend": backend, "precision": options.precision, "prepack": options.prepack,

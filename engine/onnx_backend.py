@@ -92,9 +92,11 @@ class OnnxEngine(EngineBase):
         self._keep: list[np.ndarray] = []  # arrays behind cached feed OrtValues
         self._dyn: Any = None  # the C-level session of the "dynamic" layout
         self._logits = ["logits"]
-        # Plans with a prepacked session of their own (EngineOptions.prepacked_budgets); a plan that runs every
-        # layer whole needs none: the all-budget session's full-width branches are prepacked already.
-        self._prepacked = {plan.key for plan in map(self.policy.plan, options.prepacked_budgets)
+        # Plans with a prepacked session of their own (EngineOptions.prepacked_budgets, and with a decider the
+        # budgets auto runs most); a plan that runs every layer whole needs none: the all-budget session's
+        # full-width branches are prepacked already.
+        hot = info.decider.hot_budgets() if info.decider is not None and options.prepacked_budgets else ()
+        self._prepacked = {plan.key for plan in map(self.policy.plan, (*options.prepacked_budgets, *hot))
                            if not self._whole_model(plan)} if self.layout == "dynamic" else set()
         self._bare_key: tuple[int, int] | None = None
         self._bare: tuple[Any, Any] = (None, None)
@@ -171,6 +173,9 @@ class OnnxEngine(EngineBase):
         # The cached feed dict is reused in place (an engine is single-threaded): no per-call dict copy.
         feeds["input_ids"], feeds["attention_mask"] = sess.value(input_ids), sess.value(attention_mask)
         return sess.run(feeds, self._run_options)
+
+    def embedding_tables(self) -> dict[str, np.ndarray]:
+        return self.store
 
     def bare_run(self, input_ids: np.ndarray, attention_mask: np.ndarray, budget: float) -> object:
         """The session run alone, feeds prepared outside the timing path (the benchmark's overhead split)."""

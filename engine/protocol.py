@@ -29,6 +29,15 @@ class Engine(Protocol):
         """Classify ``texts`` (padded to the longest in the batch) running only the heads ``budget`` buys."""
         ...
 
+    def predict_auto(self, texts: Sequence[str], ceiling: float = 1.0, target: float | None = None) -> BatchResult:
+        """``budget=auto`` through the checkpoint's decider (``info.decider``; BudgetError without one): each
+        text runs at the budgets the decider picks for it, the sum of its passes never above one pass at
+        ``ceiling``. ``target``: the operating point calibrated for that mean cost (None: the default one).
+        Each Prediction says the budget it ended at (``budget_applied``, also ``budget_chosen``), every pass
+        it ran (``passes``), and costs their sum. (A type that predicts its own budget, BudgetFormer, has no
+        decider: its auto is ``predict`` under a cap.)"""
+        ...
+
     def warmup(self) -> None:
         """Build and touch every graph/session the budget grid needs, so first requests are not slow."""
         ...

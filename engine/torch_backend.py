@@ -34,6 +34,7 @@ class TorchEngine(EngineBase):
         self.info = info
         self.policy = self.model.gates.policy()  # the gates are fixed in eval: one ranking for every budget
         self._masks: dict[Hashable, np.ndarray] = {}
+        self._tables: dict[str, np.ndarray] = {}
 
     def make_plan(self, budget: float) -> ExecutionPlan:
         plan = self.policy.plan(budget)
@@ -41,6 +42,14 @@ class TorchEngine(EngineBase):
         # so the plan's per-layer counts fix the mask and its key may stand for it.
         self._masks[plan.key] = self.policy.mask(budget)
         return plan
+
+    def embedding_tables(self) -> dict[str, np.ndarray]:
+        if not self._tables:
+            e = self.model.encoder.embeddings
+            pos_tt = e.position.weight + e.token_type.weight[0]  # as the weight store folds them
+            self._tables = {name: t.detach().float().numpy() for name, t in (
+                ("word", e.word.weight), ("pos_tt", pos_tt), ("emb_g", e.norm.weight), ("emb_b", e.norm.bias))}
+        return self._tables
 
     def forward_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray, plan: ExecutionPlan) -> np.ndarray:
         gate = torch.as_tensor(self._masks[plan.key], dtype=torch.float32)  # (L, U)

@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from headbudget.engine.artifacts import BenchRecord, SweepRecord
+from headbudget.engine.decider import Decider
 from headbudget.models.plan import Cost, ExecutionPlan  # re-exported: the engine interface speaks plans
 
-__all__ = ["Backend", "BatchResult", "BenchRecord", "Cost", "EngineOptions", "ExecutionPlan", "ModelInfo", "Precision",
-           "Prediction", "SweepRecord"]
+__all__ = ["Backend", "BatchResult", "BenchRecord", "Cost", "Decider", "EngineOptions", "ExecutionPlan", "ModelInfo",
+           "Precision", "Prediction", "SweepRecord"]
 
 Backend = Literal["onnxruntime", "torch"]
 Precision = Literal["fp32", "int8"]
@@ -48,8 +49,13 @@ class Prediction:
     # The budget that ran is the batch's (BatchResult.budget; for a type that chooses per input, the cap of that
     # choice). A type that predicts its own budget says here what it chose for this input: BudgetFormer, the
     # fraction of heads it ran, within the cap. None for the others (span and AdaAttention report what they
-    # saved in ``cost``).
+    # saved in ``cost``). With a decider (``Engine.predict_auto``), the budget it chose for this text: that of
+    # the pass whose answer this is.
     budget_chosen: float | None = None
+    # Only under ``predict_auto``: the budget of the pass that gave this answer (None: the batch's budget ran),
+    # and every pass the text ran, in order; ``cost`` sums them all (a cascade's cheap pass included).
+    budget_applied: float | None = None
+    passes: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -57,7 +63,7 @@ class BatchResult:
     """Answers for one batch that ran under one head mask."""
 
     predictions: list[Prediction]
-    budget: float  # the budget the mask was made for
+    budget: float  # the budget the mask was made for (predict_auto: the ceiling; each text says what it ran)
     heads_active: int
     heads_total: int
     latency_s: float  # wall time of the forward pass (tokenization excluded)
@@ -74,7 +80,10 @@ class ModelInfo:
     n_heads: int
     max_length: int
     model_type: str = "budgeted"
-    supports_auto: bool = False  # BudgetFormer checkpoints predict their own budget
+    # budget=auto: BudgetFormer predicts its own budget (a number is a cap there; ``decider`` is None), a
+    # budgeted checkpoint with a decider.json beside it runs auto through ``Engine.predict_auto``.
+    supports_auto: bool = False
+    decider: Decider | None = None
     sweep: SweepRecord | None = None  # sweep.json, if the checkpoint has a usable one
     bench: BenchRecord | None = None  # bench.json, if the checkpoint has a usable one
     extra: dict[str, Any] = field(default_factory=dict)
