@@ -98,12 +98,14 @@ def _headers(api_key: str | None) -> dict[str, str]:
 
 
 def _classify_body(text: str | Sequence[str], budget: float | str | None,
-                   max_latency_ms: float | None) -> dict[str, Any]:
+                   max_latency_ms: float | None, max_budget: float | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"text": text} if isinstance(text, str) else {"texts": list(text)}
     if budget is not None:
         body["budget"] = budget
     if max_latency_ms is not None:
         body["max_latency_ms"] = max_latency_ms
+    if max_budget is not None:
+        body["max_budget"] = max_budget
     return body
 
 
@@ -138,10 +140,13 @@ class Client:
             attempt, waited = attempt + 1, waited + wait
 
     def classify(self, text: str | Sequence[str], budget: float | str | None = None,
-                 max_latency_ms: float | None = None, request_id: str | None = None) -> ClassifyResponse:
-        """Classify one text or several; ``budget`` or ``max_latency_ms`` (or neither: the tier's default)."""
+                 max_latency_ms: float | None = None, request_id: str | None = None,
+                 max_budget: float | None = None) -> ClassifyResponse:
+        """Classify one text or several; ``budget`` or ``max_latency_ms`` (or neither: the tier's default);
+        ``max_budget``: with budget="auto", the ceiling no text spends more than."""
         headers = {"X-Request-ID": request_id} if request_id else None
-        r = self._request("POST", "/classify", json=_classify_body(text, budget, max_latency_ms), headers=headers)
+        r = self._request("POST", "/classify", json=_classify_body(text, budget, max_latency_ms, max_budget),
+                          headers=headers)
         return ClassifyResponse.model_validate(r.json())
 
     def feedback(self, request_id: str, label: str, index: int = 0) -> FeedbackResponse:
@@ -198,10 +203,12 @@ class AsyncClient:
             attempt, waited = attempt + 1, waited + wait
 
     async def classify(self, text: str | Sequence[str], budget: float | str | None = None,
-                       max_latency_ms: float | None = None, request_id: str | None = None) -> ClassifyResponse:
-        """Classify one text or several; ``budget`` or ``max_latency_ms`` (or neither: the tier's default)."""
+                       max_latency_ms: float | None = None, request_id: str | None = None,
+                       max_budget: float | None = None) -> ClassifyResponse:
+        """Classify one text or several; ``budget`` or ``max_latency_ms`` (or neither: the tier's default);
+        ``max_budget``: with budget="auto", the ceiling no text spends more than."""
         headers = {"X-Request-ID": request_id} if request_id else None
-        r = await self._request("POST", "/classify", json=_classify_body(text, budget, max_latency_ms),
+        r = await self._request("POST", "/classify", json=_classify_body(text, budget, max_latency_ms, max_budget),
                                 headers=headers)
         return ClassifyResponse.model_validate(r.json())
 

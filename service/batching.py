@@ -43,6 +43,7 @@ class JobResult:
     latency_s: float  # forward pass of the batch
     queue_s: float  # wait before the batch started
     degraded: bool
+    auto: bool = False  # ran through the checkpoint's decider (Engine.predict_auto): metrics label it "auto"
 
 
 @dataclass(eq=False)
@@ -51,7 +52,7 @@ class Job:
 
     texts: list[str]
     tier: TierConfig
-    budget: float | None  # requested budget; None when the budget follows from max_latency_ms
+    budget: float | None  # requested budget (auto: the ceiling); None when it follows from max_latency_ms
     max_latency_ms: float | None
     tokens: int  # padded tokens (estimated until counted)
     future: asyncio.Future[JobResult]
@@ -62,6 +63,7 @@ class Job:
     counted: bool = False  # tokens exact (counted by the engine)
     alone: bool = False  # it found the model idle: nothing waiting, no forward pass running
     cost_cache: dict[float, float] = field(default_factory=dict)
+    auto: bool = False  # budget=auto: through a decider, Engine.predict_auto under the ceiling ``budget``
 
     def order(self) -> tuple[int, int]:
         """Sort key of the service order: priority first, then arrival."""
@@ -113,12 +115,18 @@ class Batcher:
 
     # -- admission (event loop) -------------------------------------------------------------------------
     def submit(self, texts: list[str], tier: TierConfig, budget: float | None,
-               max_latency_ms: float | None) -> Job:
-        """Queue a request or raise Overloaded (503 with Retry-After) when it cannot be served in time."""
+               max_latency_ms: float | None, auto: bool = False) -> Job:
+        """Queue a request or raise Overloaded (503 with Retry-After) when it cannot be served in time.
+
+        ``auto``: budget=auto under the ceiling ``budget``. On a checkpoint with a decider such jobs run through
+        ``Engine.predict_auto`` and batch only with each other; on one that predicts its own budget (BudgetFormer)
+        the ceiling is a cap like any numeric budget and they batch with numeric jobs of the same plan.
+        """
         assert self.latency is not None and self.planner is not None
         loop = asyncio.get_running_loop()
+        decided = auto and self.engine is not None and self.engine.info.decider is not None
         job = Job(texts, tier, budget, max_latency_ms, self.latency.estimate_tokens(texts), loop.create_future(),
-                  loop)
+                  loop, auto=decided)
         with self._cond:
             if self._stopping:
                 raise Overloaded("the server is shutting down", retry_after_s=1)
@@ -245,9 +253,10 @@ class Batcher:
         """Run and answer a batch; returns its bookkeeping (the latency model) to call after the answers."""
         assert self.engine is not None and self.latency is not None
         texts = [t for j in batch for t in j.texts]
+        auto = batch[0].auto  # the planner batches decider-auto jobs only with each other
         started, cpu_started = time.monotonic(), time.thread_time()
         try:
-            result = self.engine.predict(texts, budget)
+            result = self.engine.predict_auto(texts, budget) if auto else self.engine.predict(texts, budget)
         except EngineError as e:
             self._set_idle()
             for job in batch:
@@ -267,7 +276,7 @@ class Batcher:
         offset = 0
         # The batch's metrics before its answers (a few microseconds): a client that reads /metrics right after
         # its answer must see the pass that made it (test_metrics_move_with_requests failed on that race).
-        self._metrics.observe_batch(budget, wall, len(texts), cpu)
+        self._metrics.observe_batch(budget, wall, len(texts), cpu, auto=auto)
         for job in batch:  # answers next: the latency model's update need not delay them (~0.1 ms, traced)
             preds = result.predictions[offset:offset + len(job.texts)]
             offset += len(job.texts)
@@ -275,12 +284,13 @@ class Batcher:
             _deliver(job, JobResult(
                 predictions=preds, budget_requested=want, budget_applied=mine,
                 heads_active=result.heads_active, heads_total=result.heads_total, latency_s=result.latency_s,
-                queue_s=started - job.enqueued, degraded=mine < want))
+                queue_s=started - job.enqueued, degraded=mine < want, auto=auto))
         latency = self.latency
 
         def bookkeeping() -> None:
             longest = max((p.n_tokens for p in result.predictions), default=1)
-            latency.observe(budget, len(texts) * longest, wall * 1000)
+            if not auto:  # an auto batch ran several budgets: its time is no sample of one budget's latency
+                latency.observe(budget, len(texts) * longest, wall * 1000)
             for text, pred in zip(texts, result.predictions, strict=True):
                 if not pred.truncated:
                     latency.observe_text(len(text), pred.n_tokens)

@@ -22,9 +22,10 @@ from headbudget.service.deps import authenticate
 from headbudget.service.errors import known_error_response
 from headbudget.service.inference import answer
 from headbudget.service.runtime import Runtime
-from headbudget.service.schemas import BudgetParam, ClassifyRequest, LatencyLimit
+from headbudget.service.schemas import BudgetParam, BudgetValue, ClassifyRequest, LatencyLimit
 
-_QUERY: dict[str, TypeAdapter[Any]] = {"budget": TypeAdapter(BudgetParam), "max_latency_ms": TypeAdapter(LatencyLimit)}
+_QUERY: dict[str, TypeAdapter[Any]] = {"budget": TypeAdapter(BudgetParam), "max_latency_ms": TypeAdapter(LatencyLimit),
+                                       "max_budget": TypeAdapter(BudgetValue)}
 _JSON = b"application/json"
 
 
@@ -59,7 +60,7 @@ class ClassifyFastPath:
         try:
             caller = await authenticate(request, self.runtime)
             result = await answer(self.runtime, caller, request_body, query.get("budget"),
-                                  query.get("max_latency_ms"), request)
+                                  query.get("max_latency_ms"), request, query.get("max_budget"))
         except Exception as exc:
             response = known_error_response(request, exc)
             if response is None:

@@ -26,35 +26,46 @@ log = logging.getLogger("headbudget.service")
 class BudgetChoice:
     """What the request asked for: an explicit budget, ``auto``, a latency limit, or the tier default."""
 
-    budget: float | None  # for auto: the cap it runs under (the tier's max_budget)
+    budget: float | None  # for auto: its ceiling (the request's max_budget, else the tier's max_budget)
     max_latency_ms: float | None
     source: BudgetSource
-    auto: bool = False  # each text runs at its own predicted budget (capped at ``budget``)
+    auto: bool = False  # each text runs at its own budget (the checkpoint's or its decider's), within ``budget``
 
 
 def choose_budget(body: ClassifyRequest, query_budget: float | str | None, query_latency: float | None,
-                  caller: Caller, supports_auto: bool) -> BudgetChoice:
+                  caller: Caller, supports_auto: bool, query_max_budget: float | None = None) -> BudgetChoice:
     """Merge query and body (else the tier default), check the tier's maximum (403), and reject auto where
-    unsupported (400). ``auto`` runs capped at the tier's max_budget."""
+    unsupported (400). ``auto`` runs under a ceiling: the request's ``max_budget`` (403 above the tier's
+    max_budget, like a budget), else the tier's max_budget."""
     if query_budget is not None and body.budget is not None:
         raise InvalidRequest("give budget in the query or in the body, not both")
     if query_latency is not None and body.max_latency_ms is not None:
         raise InvalidRequest("give max_latency_ms in the query or in the body, not both")
+    if query_max_budget is not None and body.max_budget is not None:
+        raise InvalidRequest("give max_budget in the query or in the body, not both")
     budget = query_budget if query_budget is not None else body.budget
     latency = query_latency if query_latency is not None else body.max_latency_ms
+    ceiling = query_max_budget if query_max_budget is not None else body.max_budget
     if budget is not None and latency is not None:
         raise InvalidRequest("give budget or max_latency_ms, not both")
     if latency is not None:
+        if ceiling is not None:
+            raise InvalidRequest("max_budget is the ceiling of budget=auto; with max_latency_ms it has no meaning")
         return BudgetChoice(None, latency, "max_latency_ms")
     source: BudgetSource = "request" if budget is not None else "tier_default"
     if budget is None:
         budget = caller.tier.default_budget
     if budget == AUTO:
         if not supports_auto:
-            raise BadRequest("budget=auto needs a checkpoint that predicts its own budget; this one does not")
-        return BudgetChoice(caller.tier.max_budget, None, source, auto=True)
+            raise BadRequest("budget=auto needs a checkpoint that predicts its own budget or has a decider "
+                             "(decider.json, made by `headbudget decider`); this one has neither")
+        if ceiling is not None:
+            check_budget(caller.tier, ceiling)
+        return BudgetChoice(ceiling if ceiling is not None else caller.tier.max_budget, None, source, auto=True)
     if isinstance(budget, str):
         raise InvalidRequest(f"budget must be a number in [0.1, 1] or 'auto', got {budget!r}")
+    if ceiling is not None:
+        raise InvalidRequest("max_budget is the ceiling of budget=auto; with a numeric budget, the budget is what runs")
     if source == "request":
         check_budget(caller.tier, budget)
     return BudgetChoice(budget, None, source)
@@ -81,10 +92,11 @@ async def _wait(request: Request, future: asyncio.Future[JobResult]) -> JobResul
 
 
 async def answer(runtime: Runtime, caller: Caller, body: ClassifyRequest, query_budget: float | str | None,
-                 query_latency: float | None, request: Request) -> ClassifyResponse:
+                 query_latency: float | None, request: Request,
+                 query_max_budget: float | None = None) -> ClassifyResponse:
     """A validated, authenticated /classify request, start to finish (the route and the fast path)."""
     supports_auto = runtime.info.supports_auto if runtime.info else False
-    choice = choose_budget(body, query_budget, query_latency, caller, supports_auto)
+    choice = choose_budget(body, query_budget, query_latency, caller, supports_auto, query_max_budget)
     return await classify(runtime, caller, body, choice, request)
 
 
@@ -96,7 +108,7 @@ async def classify(runtime: Runtime, caller: Caller, body: ClassifyRequest, choi
     if info is None or not runtime.batcher.ready:
         raise Unavailable("the model is not loaded yet", retry_after_s=5)
     texts = body.all_texts()
-    job = runtime.batcher.submit(texts, caller.tier, choice.budget, choice.max_latency_ms)
+    job = runtime.batcher.submit(texts, caller.tier, choice.budget, choice.max_latency_ms, auto=choice.auto)
     try:
         result = await _wait(request, job.future)
     except (ClientGone, asyncio.CancelledError):
@@ -107,6 +119,7 @@ async def classify(runtime: Runtime, caller: Caller, body: ClassifyRequest, choi
     applied = text_budgets(result)
     results = [TextResult(
         label=p.label, scores=p.scores, budget_requested=requested, budget_applied=b, budget_chosen=p.budget_chosen,
+        passes=list(p.passes) if p.passes else None,
         heads_active=p.cost.heads_active, heads_total=p.cost.heads_total, neurons_active=p.cost.neurons_active,
         neurons_total=p.cost.neurons_total, cost=round(p.cost.ratio, 6),
         attention_cost=round(p.cost.attention_ratio, 6),
@@ -123,16 +136,18 @@ async def classify(runtime: Runtime, caller: Caller, body: ClassifyRequest, choi
 
 
 def text_budgets(result: JobResult) -> list[float]:
-    """Each text's applied budget: the one its request ran under (on a checkpoint that chooses per text, the cap
-    of that choice; what it chose is the text's budget_chosen)."""
-    return [result.budget_applied] * len(result.predictions)
+    """Each text's applied budget: the budget that ran. Under a decider's auto, the budget of the text's last pass
+    (its own); otherwise the one its request ran under (on a checkpoint that chooses per text, the cap of that
+    choice; what it chose is the text's budget_chosen)."""
+    return [p.budget_applied if p.budget_applied is not None else result.budget_applied
+            for p in result.predictions]
 
 
 async def _remember(runtime: Runtime, request_id: str, caller: Caller, result: JobResult,
                     applied: list[float]) -> None:
     record = AnswerRecord(owner=caller.owner, tier=caller.tier.name,
                           labels=[p.label for p in result.predictions], budgets=applied,
-                          bucket=runtime.metrics.budget_label(result.budget_applied))
+                          bucket=runtime.metrics.budget_label(result.budget_applied, result.auto))
     try:
         await runtime.state.remember(request_id, record)
     except StateUnavailable as e:  # the answer stands; only feedback on it will not be found
@@ -145,6 +160,6 @@ def _annotate(request: Request, choice: BudgetChoice, result: JobResult, n_texts
     """Fields for the access log."""
     s = request.state
     s.budget_requested = AUTO if choice.auto else result.budget_requested
-    s.budget_applied = result.budget_applied  # the batch's budget (for auto and caps: the cap)
+    s.budget_applied = result.budget_applied  # the batch's budget (for auto and caps: the cap, or the ceiling)
     s.budget_source, s.degraded, s.n_texts = choice.source, result.degraded, n_texts
     s.queue_ms = round(result.queue_s * 1000, 3)

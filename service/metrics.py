@@ -2,7 +2,8 @@
 
 Labels are tiers (never keys), HTTP status codes, and budgets bucketed to 0.1 steps ("0.1" ... "1.0"); on a
 checkpoint that predicts its own budget (BudgetFormer), an uncapped run is labelled "auto" instead of "1.0"
-(``budget=auto`` requests, and numeric 1.0, which means no cap there). With several uvicorn
+(``budget=auto`` requests, and numeric 1.0, which means no cap there); on a budgeted checkpoint with a decider,
+every ``budget=auto`` run is labelled "auto", whatever its ceiling, and numeric budgets keep their buckets. With several uvicorn
 workers, set PROMETHEUS_MULTIPROC_DIR (``headbudget serve`` does): values then live in shared files and
 ``render`` aggregates them across workers.
 """
@@ -91,20 +92,24 @@ class Metrics:
         self.state_errors = Counter("headbudget_state_errors_total",
                                     "Failed shared-state operations, by operation.", ["operation"], registry=r)
         self.state_up.set(1)
-        self.supports_auto = False  # set at start-up from the checkpoint: whether budget 1.0 is labelled "auto"
+        # Set at start-up from the checkpoint: whether budget 1.0 is labelled "auto" (a checkpoint that predicts its
+        # own budget, where a number is a cap and 1.0 is no cap).
+        self.supports_auto = False
 
-    def budget_label(self, budget: float) -> str:
-        """The ``budget`` label of a run at ``budget`` (a cap, on checkpoints that predict their own)."""
-        return budget_label(budget, self.supports_auto)
+    def budget_label(self, budget: float, auto: bool = False) -> str:
+        """The ``budget`` label of a run at ``budget`` (a cap, on checkpoints that predict their own); "auto" for
+        a run through a decider (``auto``)."""
+        return AUTO if auto else budget_label(budget, self.supports_auto)
 
     def observe_request(self, tier: str, status: int, seconds: float) -> None:
         """One API request answered."""
         self.requests.labels(tier=tier, status=str(status)).inc()
         self.request_duration.labels(tier=tier).observe(seconds)
 
-    def observe_batch(self, budget: float, seconds: float, size: int, cpu_s: float) -> None:
-        """One forward pass: its wall time, its size and the CPU time it took."""
-        label = self.budget_label(budget)
+    def observe_batch(self, budget: float, seconds: float, size: int, cpu_s: float, auto: bool = False) -> None:
+        """One forward pass (with ``auto``, a decider's passes for one batch): its wall time, its size and the CPU
+        time it took."""
+        label = self.budget_label(budget, auto)
         self.inference_duration.labels(budget=label).observe(seconds)
         self.engine_cpu.labels(budget=label).inc(cpu_s)
         self.batch_size.observe(size)
@@ -112,12 +117,14 @@ class Metrics:
     def observe_answer(self, tier: str, costs: Iterable[Cost], degraded: bool) -> None:
         """One classify answer: each text's cost (whole forward pass and attention); whether it was degraded."""
         for c in costs:
+            # Under a decider's auto a text's passes add up: its attention blocks may cost more than one dense
+            # pass's (two passes of a whole-model budget), which saved nothing rather than a negative amount.
             self.whole_cost_ratio.labels(tier=tier).observe(c.ratio)
             self.whole_macs.labels(tier=tier).inc(c.total_macs)
-            self.whole_macs_saved.labels(tier=tier).inc(c.saved)
+            self.whole_macs_saved.labels(tier=tier).inc(max(0, c.saved))
             self.cost_ratio.labels(tier=tier).observe(c.attention_ratio)
             self.macs.labels(tier=tier).inc(c.attention_macs)
-            self.macs_saved.labels(tier=tier).inc(c.attention_saved)
+            self.macs_saved.labels(tier=tier).inc(max(0, c.attention_saved))
         if degraded:
             self.degraded.labels(tier=tier).inc()
 

@@ -12,11 +12,16 @@ On checkpoints that predict their own budget per text (BudgetFormer) every budge
 request wants the cap of its tier's max_budget (1.0: no cap) and degrades like any other: under load its cap
 is lowered to the level (never below min_budget), so each text runs min(its own budget, the cap). Its
 latency is estimated at the cap, an upper bound that the observed batch times correct.
+
+On a budgeted checkpoint with a decider, a ``budget=auto`` request (``Job.auto``) wants its ceiling (the
+request's max_budget, else its tier's max_budget), degrades the same way (a lower ceiling), and batches only with
+auto requests of the same ceiling: the engine runs them with ``predict_auto``, each text at its own budgets. Its
+latency is estimated at the ceiling, an upper bound (all its passes together never cost more than one pass there).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
 from headbudget.engine.protocol import Engine
@@ -61,11 +66,16 @@ class Planner:
                 total += self.cost_s(other, min(want, floor) if floor is not None else want)
         return total
 
+    def key(self, job: Job, budget: float) -> Hashable:
+        """Jobs whose keys are equal at their budgets may share a batch: the plan's key, or for a decider's auto
+        the ceiling (texts run their own plans within it)."""
+        return ("auto", budget) if job.auto else self._engine.plan(budget).key
+
     def _effective(self, job: Job, want: float, level: float | None) -> float:
         if level is None or not job.tier.degrades:
             return want
         budget = min(want, max(level, job.tier.floor_budget))
-        return want if self._engine.plan(budget).key == self._engine.plan(want).key else budget
+        return want if self.key(job, budget) == self.key(job, want) else budget
 
     def _meets_targets(self, jobs: Sequence[Job], wants: dict[int, float], level: float, now: float) -> bool:
         elapsed = 0.0
@@ -100,12 +110,12 @@ class Planner:
         level = self.degrade_level(jobs, wants, now)
         applied = {j.seq: self._effective(j, wants[j.seq], level) for j in jobs}
         head = jobs[0]
-        key = self._engine.plan(applied[head.seq]).key
+        key = self.key(head, applied[head.seq])
         batch, n_texts = [head], len(head.texts)
         for job in jobs[1:]:
             if n_texts + len(job.texts) > max_batch:
                 continue
-            if self._engine.plan(applied[job.seq]).key == key:
+            if self.key(job, applied[job.seq]) == key:
                 batch.append(job)
                 n_texts += len(job.texts)
         return batch, applied, wants

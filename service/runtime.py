@@ -44,7 +44,8 @@ class Runtime:
             await self.stop()
             raise
         self.info = info
-        self.metrics.supports_auto = info.supports_auto
+        # "auto" labels 1.0 where a number is a cap (BudgetFormer); a decider's auto runs are labelled by the batcher.
+        self.metrics.supports_auto = info.supports_auto and info.decider is None
         assert self.batcher.planner is not None and self.batcher.engine is not None
         engine = self.batcher.engine
         plans = {b: engine.plan(b) for b in self.budget_grid()}

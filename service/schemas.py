@@ -30,7 +30,13 @@ class ClassifyRequest(_Body):
     budget: BudgetParam | None = Field(
         None, description="Fraction of attention heads to run, in [0.1, 1]; on checkpoints that predict their "
                           "own budget per text (`supports_auto` in /v1/models) a number is a cap and `auto` runs "
-                          "each text at its own, capped at the tier's max_budget. Default: the tier's default.")
+                          "each text at its own, capped at the tier's max_budget; on a budgeted checkpoint with a "
+                          "decider (`decider` in /v1/models) `auto` lets the decider pick each text's budget at "
+                          "the checkpoint's default operating point. Default: the tier's default.")
+    max_budget: BudgetValue | None = Field(
+        None, description="With `budget=auto`: a ceiling, in [0.1, 1] and at most the tier's max_budget (403 "
+                          "above): no text spends more than one pass at this budget (all its passes together). "
+                          "Default: the tier's max_budget.")
     max_latency_ms: LatencyLimit | None = Field(
         None, description="Instead of a budget: the highest budget whose latency for these texts fits.")
 
@@ -78,13 +84,20 @@ class TextResult(BaseModel):
         description="the budget asked for (the request's, the tier default, or the one `max_latency_ms` chose), "
                     "or `auto`: the checkpoint chose this text's budget")
     budget_applied: float = Field(
-        description="the budget this text ran under: the requested one, lower if degraded (for `auto`: the cap, "
-                    "the tier's max_budget); on checkpoints that choose per text, the cap of that choice")
+        description="the budget this text ran under: the requested one, lower if degraded (for `auto` on a "
+                    "checkpoint that predicts its own budget: the cap, the tier's max_budget or max_budget); on "
+                    "checkpoints that choose per text, the cap of that choice; for `auto` through a decider, the "
+                    "budget of the pass that gave this answer (at most the ceiling)")
     budget_chosen: float | None = Field(
-        None, description="on checkpoints that predict their own budget (`supports_auto`): the fraction of heads "
-                          "this text chose to run, within the heads `budget_applied` buys as a cap; null on the "
-                          "others")
-    heads_active: int
+        None, description="what `auto` chose for this text: on checkpoints that predict their own budget, the "
+                          "fraction of heads it chose to run, within the heads `budget_applied` buys as a cap; "
+                          "through a decider, the budget it ended at (= budget_applied); null otherwise")
+    passes: list[float] | None = Field(
+        None, description="`auto` through a decider: the budget of every pass this text ran, in order (a cascade "
+                          "runs a cheap pass first and escalates unsure texts); `cost` counts them all. Null when "
+                          "no decider ran (one pass at budget_applied)")
+    heads_active: int = Field(description="heads computed, summed over layers (of the last pass, under `auto` "
+                                          "through a decider)")
     heads_total: int
     # The three fields below default to None only so that this client still reads older servers' answers.
     neurons_active: int | None = Field(None, description="feed-forward neurons computed, summed over layers (all "
@@ -158,6 +171,9 @@ class ModelCard(BaseModel):
     heads_total: int
     max_length: int
     supports_auto: bool
+    decider: str | None = Field(None, description="what serves `budget=auto` on a budgeted checkpoint: its "
+                                "decider's kind (cascade or predictor); null where the checkpoint predicts its own "
+                                "budget or has no auto")
     dense_accuracy: float | None
     budgets: list[BudgetPoint]
 

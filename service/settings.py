@@ -25,7 +25,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 from headbudget.engine.types import Backend, EngineOptions, Precision
 
 Budget = Annotated[float, Field(ge=0.1, le=1.0, allow_inf_nan=False)]
-AUTO: Final = "auto"  # the budget a checkpoint that predicts its own per input (BudgetFormer) runs with; a metrics label
+AUTO: Final = "auto"  # each text at its own budget (BudgetFormer's, or a decider's: decider.json); a metrics label
 SERVE_ENV = "HEADBUDGET_SERVE"  # how `headbudget serve` hands ServeSettings to uvicorn workers (JSON)
 # Settings from the environment. SERVE_ENV shares the prefix but names no field of ConfigEnv or ServeEnv below
 # ("serve" is neither a table nor a serve option), so it is never read as a setting.
@@ -44,8 +44,8 @@ class TierConfig(_Strict):
     """One pricing tier: which budgets its keys may buy, how fast, and how it is scheduled."""
 
     name: str = ""  # filled from the table name
-    # used when a request names no budget; "auto": each text's own predicted budget, capped at max_budget
-    # (only on checkpoints that predict one: the server refuses to start, or to reload, otherwise)
+    # used when a request names no budget; "auto": each text's own budget, within max_budget (only on checkpoints
+    # that predict one or have a decider: the server refuses to start, or to reload, otherwise)
     default_budget: Budget | Literal["auto"] = 0.5
     max_budget: Budget = 1.0  # a higher explicit budget is refused with 403
     rate_limit: Annotated[float, Field(gt=0)] = 600.0  # requests per minute per key
@@ -160,7 +160,8 @@ class ServiceConfig(_Strict):
         if tiers and not supports_auto:
             named = ("tier " if len(tiers) == 1 else "tiers ") + ", ".join(repr(t) for t in tiers)
             raise ConfigError(f"{named}: default_budget = \"auto\", but checkpoint {model!r} does not predict its "
-                              f"own budget (supports_auto is false); give a numeric default_budget")
+                              f"own budget and has no decider (supports_auto is false); give a numeric "
+                              f"default_budget, or make a decider with `headbudget decider`")
 
     def default_budgets(self) -> tuple[float, ...]:
         """Every tier's default budget as a number (what most requests run at: the engine prepacks these)."""

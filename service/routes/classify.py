@@ -9,7 +9,13 @@ from fastapi import APIRouter, Query, Request
 from headbudget.service.deps import CallerDep, RuntimeDep
 from headbudget.service.inference import answer
 from headbudget.service.routes import error_responses
-from headbudget.service.schemas import BudgetParam, ClassifyRequest, ClassifyResponse, LatencyLimit
+from headbudget.service.schemas import (
+    BudgetParam,
+    BudgetValue,
+    ClassifyRequest,
+    ClassifyResponse,
+    LatencyLimit,
+)
 
 router = APIRouter(tags=["inference"])
 
@@ -21,7 +27,9 @@ async def classify_texts(
     budget: Annotated[BudgetParam | None, Query(
         description="Budget in [0.1, 1], or `auto` on checkpoints that predict their own (or in the body)")] = None,
     max_latency_ms: Annotated[LatencyLimit | None, Query(description="Latency limit instead of a budget")] = None,
+    max_budget: Annotated[BudgetValue | None, Query(
+        description="With budget=auto: the ceiling no text spends more than (at most the tier's max_budget)")] = None,
 ) -> ClassifyResponse:
     """Classify one text or up to 64, running only the attention heads the budget buys."""
     # Served by service/fastpath.py unless the request is one it hands on (an error case) or it is off.
-    return await answer(runtime, caller, body, budget, max_latency_ms, request)
+    return await answer(runtime, caller, body, budget, max_latency_ms, request, max_budget)

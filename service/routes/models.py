@@ -26,6 +26,6 @@ async def list_models(runtime: RuntimeDep) -> ModelList:
     dense = info.sweep.dense_accuracy if info.sweep else None
     card = ModelCard(id=info.name, checksum=info.checksum, labels=list(info.labels), n_layers=info.n_layers,
                      n_heads=info.n_heads, heads_total=info.n_layers * info.n_heads, max_length=info.max_length,
-                     supports_auto=info.supports_auto,
+                     supports_auto=info.supports_auto, decider=info.decider.kind if info.decider else None,
                      dense_accuracy=dense, budgets=points)
     return ModelList(data=[card])

@@ -211,7 +211,7 @@ async def _run(runtime: Runtime, caller: Caller, texts: list[str], choice: infer
     that ``raw_scores`` needs): queue, wait or cancel, metrics, the feedback store, the access log."""
     if runtime.info is None or not runtime.batcher.ready:
         raise Unavailable("the model is not loaded yet", retry_after_s=5)
-    job = runtime.batcher.submit(texts, caller.tier, choice.budget, choice.max_latency_ms)
+    job = runtime.batcher.submit(texts, caller.tier, choice.budget, choice.max_latency_ms, auto=choice.auto)
     try:
         result = await inference._wait(request, job.future)
     except (ClientGone, asyncio.CancelledError):
@@ -254,7 +254,7 @@ async def _predict(body: PredictRequest, request: Request, runtime: Runtime, cal
         raise _validation("give the budget in the X-Budget header or the budget query parameter, not both")
     texts = _cut_chars(texts, truncate)
     try:
-        classify_body = ClassifyRequest(text=None, texts=texts, budget=None, max_latency_ms=None)
+        classify_body = ClassifyRequest(text=None, texts=texts, budget=None, max_latency_ms=None, max_budget=None)
     except ValidationError as e:  # not reached: _texts checked what ClassifyRequest checks
         raise _validation(str(e)) from None
     info = runtime.info

@@ -30,10 +30,11 @@ async def test_classify_single_text_fields_and_headers() -> None:
     (res,) = body["results"]
     assert set(res) == {"label", "scores", "budget_requested", "budget_applied", "heads_active", "heads_total",
                         "neurons_active", "neurons_total", "cost", "attention_cost", "truncated", "n_tokens",
-                        "latency_ms", "degraded", "budget_chosen"}
+                        "latency_ms", "degraded", "budget_chosen", "passes"}
     assert res["label"] in ("negative", "positive") and abs(sum(res["scores"].values()) - 1) < 1e-6
     assert res["budget_requested"] == res["budget_applied"] == 0.5
     assert res["budget_chosen"] is None  # a checkpoint with one plan per budget chooses nothing per text
+    assert res["passes"] is None  # only auto through a decider lists its passes
     assert (res["heads_active"], res["heads_total"]) == (4, 8) and res["attention_cost"] == pytest.approx(0.5)
     # cost is the whole forward pass's fraction: the fake's attention is a third of it, the rest always runs.
     assert res["cost"] == pytest.approx((0.5 + 2) / 3, abs=1e-6)
