@@ -13,7 +13,7 @@ from headbudget.commands.common import USER_ERRORS, CliError
 from headbudget.extras import missing_extra
 
 # Each module exposes ``register(subparsers)``; handlers import heavy libraries lazily so --help is fast.
-COMMANDS = ("train", "evaluate", "predict", "bench", "export", "serve", "keys", "importance", "compare",
+COMMANDS = ("train", "evaluate", "decider", "predict", "bench", "export", "serve", "keys", "importance", "compare",
             "compare_adaptive")
 
 

@@ -17,7 +17,8 @@ MODULE_EXTRA: dict[str, str] = {
 }
 
 # Commands that run the model in PyTorch: the train extra holds everything they import (torch and the engine).
-TRAIN_COMMANDS = frozenset({"train", "eval", "predict", "bench", "importance", "compare", "compare-adaptive"})
+TRAIN_COMMANDS = frozenset({"train", "eval", "decider", "predict", "bench", "importance", "compare",
+                            "compare-adaptive"})
 
 
 def missing_extra(command: str, error: ModuleNotFoundError) -> str | None:

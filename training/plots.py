@@ -33,12 +33,14 @@ def load_benches(*folders: Path) -> list[dict[str, Any]]:
 
 
 def pareto_plot(sweep: dict[str, Any], path: Path, title: str | None = None,
-                benches: list[dict[str, Any]] | None = None) -> Path:
+                benches: list[dict[str, Any]] | None = None, auto: dict[str, Any] | None = None) -> Path:
     """Accuracy vs cost (soft curve at C(b), hard curve at its kept share, dense as a line); with benchmark
-    tables, a second panel: hard accuracy vs measured latency, with ORT's dense fp32 and int8 as references."""
+    tables, a second panel: hard accuracy vs measured latency, with ORT's dense fp32 and int8 as references;
+    with an auto report (auto.json, training/auto_report.py), a last panel: budget=auto's operating points
+    beside the fixed budgets, both at the mean latency measured there."""
     pts = sweep["points"]
     whole = sweep.get("scope") == "model"
-    panels = 2 if benches else 1
+    panels = 1 + bool(benches) + bool(auto)
     fig, axes = plt.subplots(1, panels, figsize=(7 * panels, 4.5), dpi=120, squeeze=False)
     ax = axes[0][0]
     ax.plot([p["soft_cost"] for p in pts], [100 * p["accuracy_soft"] for p in pts], "o--", color="tab:blue",
@@ -65,6 +67,8 @@ def pareto_plot(sweep: dict[str, Any], path: Path, title: str | None = None,
     ax.legend(loc="lower right", fontsize=8)
     if benches:
         _latency_panel(axes[0][1], sweep, benches)
+    if auto:
+        _auto_panel(axes[0][panels - 1], auto)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -99,6 +103,25 @@ def _latency_panel(ax: Any, sweep: dict[str, Any], benches: list[dict[str, Any]]
     ax.set_xlim(left=0)
     ax.set_title("accuracy vs measured latency")
     ax.legend(loc="lower right", fontsize=7)
+
+
+def _auto_panel(ax: Any, auto: dict[str, Any]) -> None:
+    """Accuracy vs measured mean latency: the fixed budgets and each decider's operating points (the default
+    one starred)."""
+    fixed = sorted(auto["fixed"], key=lambda f: f["mean_latency_ms"])
+    ax.plot([f["mean_latency_ms"] for f in fixed], [100 * f["accuracy"] for f in fixed], "s-", color="tab:red",
+            markersize=4, label="fixed budgets")
+    for color, d in zip(("tab:blue", "tab:orange", "tab:green"), auto["deciders"], strict=False):
+        mine = sorted((p for p in auto["points"] if p["decider"] == d["name"]), key=lambda p: p["mean_latency_ms"])
+        ax.plot([p["mean_latency_ms"] for p in mine], [100 * p["accuracy"] for p in mine], "o--", color=color,
+                markersize=5, label=f"auto: {d['name']}")
+        ax.plot([p["mean_latency_ms"] for p in mine if p.get("default")],
+                [100 * p["accuracy"] for p in mine if p.get("default")], "*", color=color, markersize=13)
+    ax.set_xlabel(f"measured mean latency, batch 1 ({auto['precision']}, {auto['latency_examples']} texts) (ms)")
+    ax.set_ylabel(f"accuracy on {auto['split']} (%)")
+    ax.grid(alpha=0.3)
+    ax.set_title("budget=auto vs fixed budgets (default point starred)")
+    ax.legend(loc="lower right", fontsize=8)
 
 
 def _budgetformer_panels(report: dict[str, Any], fig: Any, axes: Any) -> None:

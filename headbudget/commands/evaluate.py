@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from headbudget.commands.common import existing_dir, positive_int
 
@@ -19,6 +20,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--int8", action="store_true", help="add the int8 engine's hard accuracy per budget")
     p.add_argument("--add-int8", action="store_true",
                    help="only add the int8 column to the sweep.json already in --out (same data and split)")
+    p.add_argument("--no-auto", action="store_true",
+                   help="skip budget=auto's report (auto.json), made when the checkpoint has a decider.json")
+    p.add_argument("--auto-latency-examples", type=positive_int, default=200,
+                   help="texts timed one at a time for auto.json's latencies")
     p.set_defaults(func=run)
 
 
@@ -42,7 +47,38 @@ def run(args: argparse.Namespace) -> int:
               f"{p['accuracy_soft']:>8.4f} {p['accuracy_hard']:>8.4f}")
     print(f"dense {sweep['dense_accuracy']:.4f}; nested {sweep['nested']}; "
           f"spearman(0.25, 0.75) {sweep['spearman_025_075']:.3f}; wrote {args.out / 'sweep.json'}")
+    if not args.no_auto:
+        _auto(args, sweep)
     return 0
+
+
+def _auto(args: argparse.Namespace, sweep: dict[str, Any]) -> None:
+    """With a decider.json beside the weights: budget=auto against the fixed budgets on the same split, at
+    measured latency (auto.json), and its panel on pareto.png."""
+    import json
+
+    from headbudget.engine.decider import DECIDER_FILE
+
+    if not (args.model / DECIDER_FILE).is_file():
+        return
+    from headbudget.engine.weights import checkpoint_config
+    from headbudget.training.auto_report import auto_report, measurement_engine, print_report
+    from headbudget.training.plots import load_benches, pareto_plot
+    from headbudget.training.report import checkpoint_split
+
+    engine = measurement_engine(args.model)
+    decider = engine.info.decider
+    if decider is None:
+        print(f"{args.model / DECIDER_FILE}: not usable (see the warning above); no auto report")
+        return
+    config, cfg = checkpoint_config(args.model)
+    ds, split, _ = checkpoint_split(args.model, config, cfg.labels, cfg.max_position, args.data, args.split,
+                                    args.limit)
+    doc = auto_report(engine, split, [(decider.kind, decider)], ds.name, args.split, args.auto_latency_examples)
+    (args.out / "auto.json").write_text(json.dumps(doc, indent=2) + "\n")
+    pareto_plot(sweep, args.out / "pareto.png", benches=load_benches(args.model, args.out), auto=doc)
+    print_report(doc)
+    print(f"wrote {args.out / 'auto.json'}")
 
 
 def _add_int8(args: argparse.Namespace) -> int:
@@ -75,7 +111,8 @@ def _add_int8(args: argparse.Namespace) -> int:
         point["accuracy_hard_int8"] = run(point["budget"])
         print(f"{point['budget']:>6.2f} fp32 {point['accuracy_hard']:.4f} int8 {point['accuracy_hard_int8']:.4f}")
     path.write_text(json.dumps(sweep, indent=2) + "\n")
-    pareto_plot(sweep, args.out / "pareto.png", benches=load_benches(args.model, args.out))
+    auto = json.loads((args.out / "auto.json").read_text()) if (args.out / "auto.json").is_file() else None
+    pareto_plot(sweep, args.out / "pareto.png", benches=load_benches(args.model, args.out), auto=auto)
     return 0
 
 
