@@ -80,6 +80,28 @@ async def queued_behind_first(engine: FakeEngine, first_budget: float, budgets: 
         return list(await asyncio.gather(first, *tasks))
 
 
+async def auto_burst_under_load(engine: FakeEngine, bench_calibration: bool = True) -> list[dict[str, Any]]:
+    """Twelve ``budget=auto`` requests of one 100-token text, held behind the engine's gate, on the flex tier with
+    a 300 ms latency target: the degrade tests. Every answer is a 200; returns each one's single result."""
+    engine.gate.clear()
+    d = config_dict(max_wait_ms=0, max_batch_size=1)
+    d["tiers"]["flex"].update(latency_target_ms=300)  # flex: max_budget 1.0, min_budget 0.1
+    text = " ".join(["w"] * 98)  # 100 tokens
+    async with running_app(parse_config(d), engine=engine) as (client, app, _):
+        if bench_calibration:  # the fakes run 5x slower than their benchmark table says
+            app.state.runtime.batcher.latency.observe(1.0, 100, 50.0)
+            app.state.runtime.batcher.latency.observe(0.1, 100, 9.5)
+        tasks = [asyncio.create_task(client.post("/classify?budget=auto", json={"text": text},
+                                                 headers=headers("flex"))) for _ in range(12)]
+        await asyncio.sleep(0.2)
+        engine.gate.set()
+        rs = await asyncio.gather(*tasks)
+    assert [r.status_code for r in rs] == [200] * 12, [r.text for r in rs if r.status_code != 200]
+    results = [r.json()["results"][0] for r in rs]
+    assert all(x["budget_requested"] == "auto" for x in results)
+    return results
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"

@@ -3,7 +3,6 @@ budgets, caps, tier defaults, degradation, metrics and feedback, and the refusal
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from headbudget.service.server import curl_command
 from headbudget.service.settings import ConfigError, ServiceConfig, parse_config
 from headbudget.service.state import AnswerRecord
 from tests.service.conftest import (
+    auto_burst_under_load,
     config_dict,
     headers,
     queued_behind_first,
@@ -146,22 +146,9 @@ async def test_auto_and_an_uncapped_budget_share_a_batch() -> None:
 
 async def test_auto_degrades_to_a_lower_cap_under_load() -> None:
     engine = FakeBudgetFormer(per_token_s=0.0005, bench=BENCH, max_length=512)
-    engine.gate.clear()
-    d = config_dict(max_wait_ms=0, max_batch_size=1)
-    d["tiers"]["flex"].update(latency_target_ms=300)  # flex: max_budget 1.0, min_budget 0.1
-    text = " ".join(["w"] * 98)  # 100 tokens; predicts all 4 heads per layer, so a cap bites
-    assert engine.predicted_budget(text) == 1.0
-    async with running_app(parse_config(d), engine=engine) as (client, app, _):
-        app.state.runtime.batcher.latency.observe(1.0, 100, 50.0)  # calibrate: the fake is 5x the table
-        app.state.runtime.batcher.latency.observe(0.1, 100, 9.5)
-        tasks = [asyncio.create_task(client.post("/classify?budget=auto", json={"text": text},
-                                                 headers=headers("flex"))) for _ in range(12)]
-        await asyncio.sleep(0.2)
-        engine.gate.set()
-        rs = await asyncio.gather(*tasks)
-    assert [r.status_code for r in rs] == [200] * 12, [r.text for r in rs if r.status_code != 200]
-    results = [r.json()["results"][0] for r in rs]
-    assert all(x["budget_requested"] == "auto" for x in results)
+    # The burst's 100-token text predicts all 4 heads per layer, so a cap bites.
+    assert engine.predicted_budget(" ".join(["w"] * 98)) == 1.0
+    results = await auto_burst_under_load(engine)
     degraded = [x for x in results if x["degraded"]]
     assert degraded and all(x["budget_applied"] < 1.0 for x in degraded)
     assert all(x["budget_chosen"] <= engine.run_fraction(x["budget_applied"]) for x in results)  # within the cap

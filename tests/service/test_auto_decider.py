@@ -4,7 +4,6 @@ batching only with other auto requests, and a clear 400 from a real engine witho
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 from collections.abc import Sequence
 from dataclasses import replace
@@ -20,7 +19,15 @@ from headbudget.engine.decider import Decider, OperatingPoint, passes_cost, save
 from headbudget.engine.factory import load_engine, model_info
 from headbudget.engine.types import BatchResult, EngineOptions
 from headbudget.service.settings import parse_config
-from tests.service.conftest import KEYS, config_dict, headers, make_config, queued_behind_first, running_app
+from tests.service.conftest import (
+    KEYS,
+    auto_burst_under_load,
+    config_dict,
+    headers,
+    make_config,
+    queued_behind_first,
+    running_app,
+)
 from tests.service.fakes import FakeEngine
 from tests.service.test_api import error_of, sample
 from tests.service.test_auto import AUTO_HEADERS, auto_config
@@ -155,21 +162,7 @@ async def test_auto_batches_only_with_auto_of_the_same_ceiling() -> None:
 
 async def test_auto_degrades_to_a_lower_ceiling_under_load() -> None:
     engine = FakeDecider(per_token_s=0.0005, bench=BENCH, max_length=512)
-    engine.gate.clear()
-    d = config_dict(max_wait_ms=0, max_batch_size=1)
-    d["tiers"]["flex"].update(latency_target_ms=300)  # flex: max_budget 1.0, min_budget 0.1
-    text = " ".join(["w"] * 98)  # 100 tokens, odd length: it escalates where the ceiling leaves room
-    async with running_app(parse_config(d), engine=engine) as (client, app, _):
-        app.state.runtime.batcher.latency.observe(1.0, 100, 50.0)  # calibrate: the fake is 5x the table
-        app.state.runtime.batcher.latency.observe(0.1, 100, 9.5)
-        tasks = [asyncio.create_task(client.post("/classify?budget=auto", json={"text": text},
-                                                 headers=headers("flex"))) for _ in range(12)]
-        await asyncio.sleep(0.2)
-        engine.gate.set()
-        rs = await asyncio.gather(*tasks)
-    assert [r.status_code for r in rs] == [200] * 12, [r.text for r in rs if r.status_code != 200]
-    results = [r.json()["results"][0] for r in rs]
-    assert all(x["budget_requested"] == "auto" for x in results)
+    results = await auto_burst_under_load(engine)  # 100 tokens, odd length: it escalates where the ceiling allows
     assert any(x["degraded"] for x in results) and any(not x["degraded"] for x in results)
     ceilings = [c for _, c in engine.auto_calls]
     assert len(ceilings) == 12 and min(ceilings) < 1.0 and all(c >= 0.1 for c in ceilings)  # the tier's floor
