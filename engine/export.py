@@ -105,7 +105,7 @@ def export_onnx(model_dir: Path, budget: float, out: Path, precision: Precision 
     state = load_state(model_dir, cfg)
     policy = BudgetPolicy(cfg, head_order(gate_params(state)))
     plan = policy.plan(budget)
-    counts, widths = plan.heads, G.ffn_widths(cfg, plan)
+    counts, widths = plan.heads, plan.ffn_widths(cfg.intermediate_size)
     arrays = G.bind(pack(state, cfg, policy, precision), cfg, plan, precision, {})
     model = standalone(G.build_graph(cfg, plan, precision, arrays), arrays)
     model.producer_name = "headbudget-export"

@@ -128,8 +128,9 @@ class OnnxEngine(EngineBase):
         return sess
 
     def _whole_model(self, plan: ExecutionPlan) -> bool:
-        full_ffn = plan.ffn is None or all(w == self.cfg.intermediate_size for w in plan.ffn)
-        return full_ffn and all(k == self.cfg.n_heads for k in plan.heads)
+        c = self.cfg
+        return all(k == c.n_heads for k in plan.heads) and all(w == c.intermediate_size
+                                                                 for w in plan.ffn_widths(c.intermediate_size))
 
     def _whole(self, plan: ExecutionPlan, prepack: bool = False) -> Runner:
         """The plan's own graph: unpacked ("whole" layout), or prepacked for a budget in ``prepacked_budgets``."""

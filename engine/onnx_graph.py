@@ -78,18 +78,13 @@ def _ffn_sliced(store: Arrays, cfg: ModelConfig, layer: int, w: int, precision: 
     return out
 
 
-def ffn_widths(cfg: ModelConfig, plan: ExecutionPlan) -> tuple[int, ...]:
-    """Neurons computed per layer: the plan's, or all of them (attention-scope plans)."""
-    return plan.ffn if plan.ffn is not None else (cfg.intermediate_size,) * cfg.n_layers
-
-
 def bind(
     store: Arrays, cfg: ModelConfig, plan: ExecutionPlan, precision: Precision, cache: dict[str, np.ndarray]
 ) -> Arrays:
     """Every initializer the graph for ``plan`` names, as arrays backed by ``store`` (or ``cache``)."""
     out: Arrays = {n: store[n] for n in _shared(cfg, precision)}
     int8 = precision == "int8"
-    for layer, (k, w) in enumerate(zip(plan.heads, ffn_widths(cfg, plan), strict=True)):
+    for layer, (k, w) in enumerate(zip(plan.heads, plan.ffn_widths(cfg.intermediate_size), strict=True)):
         p = f"l{layer}."
         names = ["bo", "ln1_g", "ln1_b", "b2", "ln2_g", "ln2_b"]
         if w == cfg.intermediate_size:
@@ -281,7 +276,7 @@ def build_graph(cfg: ModelConfig, plan: ExecutionPlan, precision: Precision, arr
     bn = g.op("Shape", ["input_ids"])  # (2,) = [B, N]
     bias = g.mask_bias("attention_mask")
     x = g.embed("input_ids")
-    for layer, (k, w) in enumerate(zip(plan.heads, ffn_widths(cfg, plan), strict=True)):
+    for layer, (k, w) in enumerate(zip(plan.heads, plan.ffn_widths(cfg.intermediate_size), strict=True)):
         x = g.ffn(g.attention(x, bn, bias, layer, k), layer, w)
     logits = g.classify(x, bn, "attention_mask")  # (B, C)
     return _model(g, [_IDS, _MASK], {"logits": logits}, arrays)
@@ -338,7 +333,7 @@ def dynamic_feeds(store: Arrays, cfg: ModelConfig, plan: ExecutionPlan, precisio
         out[p + "heads"] = np.array([kk, 3, dh], np.int64)
         out[p + "flat"] = np.array([-1, kk * dh], np.int64)
     if cfg.ffn_groups:
-        out.update(_ffn_feeds(store, cfg, ffn_widths(cfg, plan), precision, cache))
+        out.update(_ffn_feeds(store, cfg, plan.ffn_widths(cfg.intermediate_size), precision, cache))
     return out
 
 

@@ -107,12 +107,16 @@ class ExecutionPlan:
     def heads_total(self) -> int:
         return len(self.heads) * self.n_heads
 
+    def ffn_widths(self, intermediate: int) -> tuple[int, ...]:
+        """Neurons computed per layer: the plan's, or all ``intermediate`` of them (attention-scope plans)."""
+        return self.ffn if self.ffn is not None else (intermediate,) * len(self.heads)
+
     def cost(self, shape: Shape, n_tokens: int) -> Cost:
         """The plan's cost for one text of ``n_tokens`` tokens."""
         n_layers = len(self.heads)
         attn = sum(attention_macs(shape, k, n_tokens) for k in self.heads)
         attn_dense = n_layers * attention_macs(shape, shape.n_heads, n_tokens)
-        widths = self.ffn if self.ffn is not None else (shape.intermediate,) * n_layers
+        widths = self.ffn_widths(shape.intermediate)
         ffn = sum(ffn_macs(shape, n_tokens, w) for w in widths)
         ffn_dense = n_layers * ffn_macs(shape, n_tokens)
         head = shape.hidden * shape.n_labels
