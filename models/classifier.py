@@ -70,15 +70,22 @@ class BudgetedClassifier(nn.Module):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, head_gate: torch.Tensor | None = None
     ) -> torch.Tensor:
         """input_ids, attention_mask (B, N); head_gate (B, L, U), (L, U) or None (dense) -> logits (B, C)."""
+        return self.logits_and_states(input_ids, attention_mask, head_gate)[0]
+
+    def logits_and_states(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, head_gate: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """As ``forward``, plus every layer's hidden states (L tensors (B, N, D)) for hidden-state distillation."""
         if head_gate is not None and head_gate.dim() == 2:
             head_gate = head_gate.expand(input_ids.shape[0], -1, -1)
-        h = self.encoder(input_ids, attention_mask, head_gate)  # (B, N, D)
+        states = self.encoder.layer_states(input_ids, attention_mask, head_gate)
+        h = states[-1]  # (B, N, D)
         if self.cfg.pooling == "cls":
             pooled = h[:, 0]
         else:
             m = attention_mask.to(h.dtype)[:, :, None]  # (B, N, 1)
             pooled = (h * m).sum(1) / m.sum(1).clamp_min(1.0)
-        return self.head(pooled)
+        return self.head(pooled), states
 
     def head(self, pooled: torch.Tensor) -> torch.Tensor:
         """Pooled vectors (B, D) -> logits (B, C): the optional pooler layer, dropout, the linear classifier."""

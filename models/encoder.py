@@ -70,9 +70,17 @@ class Encoder(nn.Module):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, head_gate: torch.Tensor | None = None
     ) -> torch.Tensor:
         """input_ids, attention_mask (B, N); head_gate (B, L, U) or None -> hidden states (B, N, D)."""
+        return self.layer_states(input_ids, attention_mask, head_gate)[-1]
+
+    def layer_states(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, head_gate: torch.Tensor | None = None
+    ) -> list[torch.Tensor]:
+        """Every layer's output, L tensors (B, N, D): what hidden-state distillation compares."""
         x = self.embeddings(input_ids)
         # Additive bias: 0 for real tokens, a large negative number for padding; (B, 1, 1, N).
         attn_bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+        states = []
         for i, layer in enumerate(self.layers):
             x = layer(x, attn_bias, None if head_gate is None else head_gate[:, i])
-        return x
+            states.append(x)
+        return states

@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+HARD_TEACHERS = ("soft", "dense")
+# Fields added after runs were published: at their defaults they stay out of a run's identity, so those
+# run folders still resume.
+LATER_FIELDS = {"hard_teacher": "soft", "hidden_distill": 0.0, "sandwich": False}
+
 
 @dataclass(frozen=True)
 class Recipe:
@@ -30,6 +35,16 @@ class Recipe:
     lambda_violation: float = 10.0  # weight of max(0, C(b) - b)^2: keep the soft cost under the budget
     distill_alpha: float = 0.5  # stage 3: alpha * CE + (1 - alpha) * T^2 * KL
     distill_temperature: float = 2.0
+    # Stage 3's teacher: "soft" (METHODS.md section 1: the frozen stage-2 model at the same budget) or "dense"
+    # (the stage-1 model, every unit on, as DynaBERT distils every width from the full fine-tuned model).
+    hard_teacher: str = "soft"
+    # Weight of the mean-squared error between the student's and the teacher's hidden states after every
+    # layer, added to the stage-3 loss (DynaBERT's hidden-state distillation; 0 = logits only).
+    hidden_distill: float = 0.0
+    # Stages 2 and 3 train each batch at b = 1, at b = b_min and at one random budget, and average the three
+    # losses (the "sandwich rule" of slimmable networks, Yu and Huang 2019): the extremes of a shared-weight
+    # family see every batch, where one random budget per batch visits them rarely.
+    sandwich: bool = False
     # Word embeddings stay frozen: they are half of MiniLM's parameters, the data sets are small (10k rows
     # for AG News), and freezing them keeps fine-tuning from drifting rare-token rows it barely sees.
     freeze_embeddings: bool = True
@@ -41,6 +56,12 @@ class Recipe:
     # were trained without it and must reproduce exactly.
     length_buckets: bool = False
     sweep_examples: int | None = None  # test examples in the sweep written at the end of training (None = all)
+
+    def __post_init__(self) -> None:
+        if self.hard_teacher not in HARD_TEACHERS:
+            raise ValueError(f"hard_teacher must be one of {', '.join(HARD_TEACHERS)}, got {self.hard_teacher!r}")
+        if self.hidden_distill < 0:
+            raise ValueError(f"hidden_distill must be >= 0, got {self.hidden_distill}")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -96,6 +117,8 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
                 out[key] = value.lower() in ("true", "1")
             elif value.lower() == "none" and "None" in kind:
                 out[key] = None
+            elif kind == "str":
+                out[key] = value
             elif "int" in kind and "float" not in kind:
                 out[key] = int(value)
             else:

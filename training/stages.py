@@ -184,22 +184,41 @@ def _stage_loss(
     model: BudgetedClassifier, stage: Stage, recipe: Recipe, ids: torch.Tensor, mask: torch.Tensor,
     y: torch.Tensor, b: float, teacher: BudgetedClassifier | None,
 ) -> torch.Tensor:
-    bt = torch.tensor([b], device=ids.device)
     if stage == "dense":
         return F.cross_entropy(model(ids, mask), y)
-    if stage == "budget":
-        gates = model.soft_gates(bt)  # (1, L, U): one budget per batch
-        return F.cross_entropy(model(ids, mask, gates[0]), y) + budget_losses(model, gates, b, recipe)
     if stage == "recover":
         assert teacher is not None, "recovery distils from the dense model"
         with torch.no_grad():
             t_logits = teacher(ids, mask)  # dense: every head, no gates
         s_logits = model(ids, mask, model.hard_gates(b))  # the fixed pruning mask; gates are frozen
         return distillation_loss(s_logits, t_logits, y, recipe.distill_alpha, recipe.distill_temperature)
-    assert teacher is not None, "hard adaptation distils from the frozen stage-2 model"
+    budgets = (1.0, recipe.b_min, b) if recipe.sandwich else (b,)
+    if stage == "budget":
+        gates = model.soft_gates(torch.tensor(budgets, device=ids.device))  # (n_budgets, L, U)
+        losses = [F.cross_entropy(model(ids, mask, gates[i]), y) + budget_losses(model, gates[i:i + 1], bi, recipe)
+                  for i, bi in enumerate(budgets)]
+        return torch.stack(losses).mean()
+    assert teacher is not None, "hard adaptation distils from the frozen stage-2 (or dense) model"
+    dense_teacher = recipe.hard_teacher == "dense"
     with torch.no_grad():
-        t_logits = teacher(ids, mask, teacher.soft_gates(bt)[0])
-    # Straight-through: the forward pass uses the serving mask (same crossing-budget ranking), the
-    # backward pass reaches the gate parameters through g(b).
-    s_logits = model(ids, mask, model.ste_gates(bt)[0])
-    return distillation_loss(s_logits, t_logits, y, recipe.distill_alpha, recipe.distill_temperature)
+        # The dense teacher's answer does not depend on the budget: one forward pass serves every budget.
+        shared = teacher.logits_and_states(ids, mask) if dense_teacher else None
+    real = mask.to(torch.float32)[:, :, None]  # (B, N, 1): hidden-state error counts real tokens only
+    losses = []
+    for bi in budgets:
+        bt = torch.tensor([bi], device=ids.device)
+        if shared is None:
+            with torch.no_grad():
+                t_logits, t_states = teacher.logits_and_states(ids, mask, teacher.soft_gates(bt)[0])
+        else:
+            t_logits, t_states = shared
+        # Straight-through: the forward pass uses the serving mask (same crossing-budget ranking), the
+        # backward pass reaches the gate parameters through g(b).
+        s_logits, s_states = model.logits_and_states(ids, mask, model.ste_gates(bt)[0])
+        loss = distillation_loss(s_logits, t_logits, y, recipe.distill_alpha, recipe.distill_temperature)
+        if recipe.hidden_distill > 0:
+            mse = [(((s - t) ** 2) * real).sum() / (real.sum() * s.shape[-1]) for s, t in zip(s_states, t_states,
+                                                                                              strict=True)]
+            loss = loss + recipe.hidden_distill * torch.stack(mse).mean()
+        losses.append(loss)
+    return torch.stack(losses).mean()

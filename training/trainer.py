@@ -21,7 +21,7 @@ from headbudget.models.tokenizer import TextEncoder, copy_tokenizer
 from headbudget.training.batches import TokenizedSplit, tokenize
 from headbudget.training.data import DataError, DataSet, load_data
 from headbudget.training.evaluation import accuracy
-from headbudget.training.recipes import Recipe
+from headbudget.training.recipes import LATER_FIELDS, Recipe
 from headbudget.training.stages import Stage, run_stage
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,8 @@ class RunConfig:
 
     def identity(self) -> dict[str, Any]:
         d = asdict(self)
-        d["recipe"] = self.recipe.to_dict()
+        d["recipe"] = {k: v for k, v in self.recipe.to_dict().items()
+                       if not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
         d.pop("device")  # where it ran does not change what it is
         if d["model_type"] == "budgeted":
             d.pop("model_type")  # so run folders from before the adaptive types still resume
@@ -127,8 +128,8 @@ def train(run: RunConfig, out: Path) -> Path:
             results[stage] = json.loads(done.read_text())
             log.info("stage %s: already done (val %.4f), resuming after it", stage, results[stage]["best_val"])
         else:
-            if stage == "hard":  # distil from a frozen copy of the stage-2 soft model
-                teacher, _ = load_checkpoint(out / "stages" / "budget")
+            if stage == "hard":  # distil from a frozen copy of the stage-2 soft model, or of the dense one
+                teacher, _ = load_checkpoint(out / "stages" / ("budget" if recipe.hard_teacher == "soft" else "dense"))
                 teacher = teacher.to(device).eval()
             if stage == "adapt":  # the dense warm start becomes the adaptive type here
                 model = to_model_type(model, run.model_type, seed=run.seed + i)

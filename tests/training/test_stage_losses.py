@@ -1,0 +1,97 @@
+"""Stage-3 options: the dense teacher, hidden-state distillation and the sandwich rule (issue 16)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from headbudget.models.config import GateConfig
+from headbudget.models.pretrained import random_init
+from headbudget.training.recipes import get_recipe, parse_overrides
+from headbudget.training.stages import _stage_loss
+from headbudget.training.trainer import RunConfig
+from tests.conftest import run_cli
+
+LABELS = ("a", "b", "c")
+
+
+def _model(seed: int = 0):  # type: ignore[no-untyped-def]
+    model = random_init(LABELS, GateConfig(scope="model"), seed=seed)
+    return model.eval()  # no dropout: losses are compared exactly
+
+
+def _batch(n: int = 4, length: int = 12) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 90, (n, length), generator=g)
+    mask = torch.ones(n, length, dtype=torch.long)
+    mask[0, 8:] = 0  # one padded row: padding must not count in the hidden-state error
+    return ids, mask, torch.tensor([0, 1, 2, 0])
+
+
+def test_recipe_options_parse_and_bad_values_are_one_clear_error() -> None:
+    assert parse_overrides(["hard_teacher=dense", "sandwich=true", "hidden_distill=1.5"]) == {
+        "hard_teacher": "dense", "sandwich": True, "hidden_distill": 1.5}
+    with pytest.raises(ValueError, match="hard_teacher must be one of soft, dense"):
+        get_recipe("full", hard_teacher="teacher")
+    with pytest.raises(ValueError, match="hidden_distill must be >= 0"):
+        get_recipe("full", hidden_distill=-1.0)
+
+
+def test_options_at_their_defaults_leave_a_run_identity_unchanged() -> None:
+    plain = RunConfig(base="minilm", data="ag_news", recipe=get_recipe("full")).identity()
+    assert not {"hard_teacher", "hidden_distill", "sandwich"} & set(plain["recipe"])
+    changed = RunConfig(base="minilm", data="ag_news", recipe=get_recipe("full", sandwich=True)).identity()
+    assert changed["recipe"]["sandwich"] is True
+
+
+def test_logits_and_states_agree_with_forward() -> None:
+    model = _model()
+    ids, mask, _ = _batch()
+    gate = model.hard_gates(0.5)
+    logits, states = model.logits_and_states(ids, mask, gate)
+    assert len(states) == model.cfg.n_layers and states[-1].shape == (4, 12, model.cfg.hidden_size)
+    torch.testing.assert_close(logits, model(ids, mask, gate), rtol=0, atol=0)
+
+
+def test_hidden_distillation_is_zero_for_the_teacher_itself_and_positive_otherwise() -> None:
+    model, other = _model(0), _model(1)
+    ids, mask, y = _batch()
+    recipe = get_recipe("smoke", hard_teacher="dense")
+    with_hidden = replace(recipe, hidden_distill=5.0)
+    # b = 1 keeps every unit, so the student's forward pass is the dense teacher's: the hidden term is 0.
+    same = _stage_loss(model, "hard", recipe, ids, mask, y, 1.0, teacher=model)
+    assert _stage_loss(model, "hard", with_hidden, ids, mask, y, 1.0, teacher=model).item() == pytest.approx(
+        same.item(), abs=1e-6)
+    plain = _stage_loss(model, "hard", recipe, ids, mask, y, 1.0, teacher=other)
+    assert _stage_loss(model, "hard", with_hidden, ids, mask, y, 1.0, teacher=other).item() > plain.item() + 1e-3
+
+
+def test_the_sandwich_rule_averages_the_largest_smallest_and_sampled_budget() -> None:
+    model = _model()
+    ids, mask, y = _batch()
+    recipe = get_recipe("smoke", b_min=0.1)
+    single = [_stage_loss(model, "budget", recipe, ids, mask, y, b, None).item() for b in (1.0, 0.1, 0.4)]
+    sandwich = _stage_loss(model, "budget", replace(recipe, sandwich=True), ids, mask, y, 0.4, None).item()
+    assert sandwich == pytest.approx(sum(single) / 3, rel=1e-5)
+    assert len({round(v, 6) for v in single}) == 3  # the three budgets do differ: the average is not trivial
+
+
+def test_hard_stage_with_the_dense_teacher_trains_from_a_finished_stage_2(
+    smoke_model_scope_checkpoint: Path, tmp_path: Path,
+) -> None:
+    out = tmp_path / "run"
+    (out / "stages").mkdir(parents=True)
+    for stage in ("dense", "budget"):  # resume after stage 2 of the session's smoke run
+        shutil.copytree(smoke_model_scope_checkpoint / "stages" / stage, out / "stages" / stage)
+    proc = run_cli("train", "--base", "tiny", "--data", "synthetic", "--recipe", "smoke", "--scope", "model",
+                   "--set", "hard_teacher=dense", "--set", "sandwich=true", "--set", "hidden_distill=1",
+                   "--no-sweep", "--out", str(out), "--device", "cpu")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    meta = json.loads((out / "config.json").read_text())
+    assert meta["recipe"]["hard_teacher"] == "dense" and meta["recipe"]["sandwich"] is True
+    assert meta["stages"]["hard"]["steps"] > 0 and meta["stages"]["hard"]["best_val"] > 0.5
