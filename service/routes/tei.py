@@ -38,7 +38,14 @@ from headbudget.service.errors import (
     Unavailable,
 )
 from headbudget.service.runtime import Runtime
-from headbudget.service.schemas import MAX_TEXT_CHARS, MAX_TEXTS, BudgetParam, ClassifyRequest, ErrorBody
+from headbudget.service.schemas import (
+    MAX_TEXT_CHARS,
+    MAX_TEXTS,
+    BudgetParam,
+    BudgetValue,
+    ClassifyRequest,
+    ErrorBody,
+)
 from headbudget.service.tei_schemas import (
     ClassifierModel,
     PredictRequest,
@@ -113,8 +120,10 @@ def _request_invalid(exc: RequestValidationError, content_type: str) -> TeiFailu
     for e in errors:
         where, *rest = [str(p) for p in e.get("loc", ("body",))] or ["body"]
         loc = rest if where in ("body", "query", "header") else [where, *rest]
-        if where in ("query", "header"):  # the budget is the one parameter these routes take
-            parts[f"{where} {loc[0] if loc else ''}".strip()] = "must be a finite number in [0.1, 1] or 'auto'"
+        if where in ("query", "header"):  # the budget and auto's ceiling are the parameters these routes take
+            name = loc[0] if loc else ""
+            parts[f"{where} {name}".strip()] = ("must be a finite number in [0.1, 1]" if "max" in name.lower()
+                                                else "must be a finite number in [0.1, 1] or 'auto'")
         elif e.get("type") == "missing" and loc[:1] == ["inputs"]:
             parts["body"] = "missing field `inputs`"
         elif loc and loc[0] == "inputs":
@@ -243,7 +252,8 @@ def _scored(p: Prediction, labels: tuple[str, ...], how: str, top_k: int | None)
 
 
 async def _predict(body: PredictRequest, request: Request, runtime: Runtime, caller: Caller,
-                   budget: float | str | None, x_budget: float | str | None) -> JSONResponse:
+                   budget: float | str | None, x_budget: float | str | None,
+                   max_budget: float | None = None, x_max_budget: float | None = None) -> JSONResponse:
     started = time.perf_counter()
     texts, batch = _texts(body)
     truncate = True if body.truncate is None else body.truncate  # TEI's auto_truncate default (1.9)
@@ -252,6 +262,8 @@ async def _predict(body: PredictRequest, request: Request, runtime: Runtime, cal
         raise _validation("give raw_scores or parameters.function_to_apply, not both")
     if budget is not None and x_budget is not None:
         raise _validation("give the budget in the X-Budget header or the budget query parameter, not both")
+    if max_budget is not None and x_max_budget is not None:
+        raise _validation("give max_budget in the X-Max-Budget header or the max_budget query parameter, not both")
     texts = _cut_chars(texts, truncate)
     try:
         classify_body = ClassifyRequest(text=None, texts=texts, budget=None, max_latency_ms=None, max_budget=None)
@@ -259,7 +271,8 @@ async def _predict(body: PredictRequest, request: Request, runtime: Runtime, cal
         raise _validation(str(e)) from None
     info = runtime.info
     choice = inference.choose_budget(classify_body, budget if budget is not None else x_budget, None, caller,
-                                     info.supports_auto if info else False)
+                                     info.supports_auto if info else False,
+                                     max_budget if max_budget is not None else x_max_budget)
     result = await _run(runtime, caller, texts, choice, request)
     labels = info.labels if info else ()
     cut = [i for i, p in enumerate(result.predictions) if p.truncated]
@@ -292,21 +305,28 @@ BudgetQuery = Annotated[BudgetParam | None, Query(
     description="Budget in [0.1, 1], or `auto` on checkpoints that predict their own (or the X-Budget header); "
                 "default: the tier's")]
 BudgetHeader = Annotated[BudgetParam | None, Header(alias="X-Budget", description="The budget, as a header")]
+MaxBudgetQuery = Annotated[BudgetValue | None, Query(
+    description="With budget=auto: the ceiling no text spends more than (at most the tier's max_budget; or the "
+                "X-Max-Budget header)")]
+MaxBudgetHeader = Annotated[BudgetValue | None, Header(alias="X-Max-Budget",
+                                                      description="auto's ceiling, as a header")]
 _PREDICT_ERRORS = _errors(400, 401, 403, 413, 415, 422, 424, 429, 503)
 
 
 @router.post("/predict", response_model=PredictResponse, response_class=JSONResponse, responses=_PREDICT_ERRORS)
 async def predict(body: PredictRequest, request: Request, runtime: RuntimeDep, caller: CallerDep,
-                  budget: BudgetQuery = None, x_budget: BudgetHeader = None) -> JSONResponse:
+                  budget: BudgetQuery = None, x_budget: BudgetHeader = None, max_budget: MaxBudgetQuery = None,
+                  x_max_budget: MaxBudgetHeader = None) -> JSONResponse:
     """Classify one text or a batch (TEI's /predict): every label with its score, highest first."""
-    return await _predict(body, request, runtime, caller, budget, x_budget)
+    return await _predict(body, request, runtime, caller, budget, x_budget, max_budget, x_max_budget)
 
 
 @router.post("/", response_model=PredictResponse, response_class=JSONResponse, responses=_PREDICT_ERRORS)
 async def predict_root(body: PredictRequest, request: Request, runtime: RuntimeDep, caller: CallerDep,
-                       budget: BudgetQuery = None, x_budget: BudgetHeader = None) -> JSONResponse:
+                       budget: BudgetQuery = None, x_budget: BudgetHeader = None,
+                       max_budget: MaxBudgetQuery = None, x_max_budget: MaxBudgetHeader = None) -> JSONResponse:
     """TEI's default route for a classifier (what Hugging Face's InferenceClient posts to): as /predict."""
-    return await _predict(body, request, runtime, caller, budget, x_budget)
+    return await _predict(body, request, runtime, caller, budget, x_budget, max_budget, x_max_budget)
 
 
 @router.get("/info", response_model=TeiInfo, responses=_errors(503))

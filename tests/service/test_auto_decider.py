@@ -240,3 +240,23 @@ async def test_real_engine_with_a_decider_answers_auto_within_the_ceiling(tiny_m
             assert res["cost"] == pytest.approx(sum(c.total_macs for c in costs) / costs[0].total_macs_dense,
                                                 abs=1e-6)
     assert any(len(res["passes"]) == 2 for res in rs[1.0].json()["results"])  # with room, texts escalated
+
+
+@pytest.mark.parametrize("where", ["query", "header"])
+async def test_tei_takes_autos_ceiling_as_max_budget(where: str) -> None:
+    engine = FakeDecider()
+    url = "/predict?budget=auto" + ("&max_budget=0.5" if where == "query" else "")
+    extra = {"X-Max-Budget": "0.5"} if where == "header" else {}
+    async with running_app(engine=engine) as (client, _, _):
+        r = await client.post(url, json={"inputs": [["a"], ["ab"]]}, headers={**headers(), **extra})
+        over = await client.post("/predict?budget=auto&max_budget=0.9", json={"inputs": "a"}, headers=headers("cheap"))
+        both = await client.post("/predict?budget=auto&max_budget=0.5", json={"inputs": "a"},
+                                 headers={**headers(), "X-Max-Budget": "0.4"})
+        bad = await client.post("/predict?budget=auto&max_budget=lots", json={"inputs": "a"}, headers=headers())
+        numeric = await client.post("/predict?budget=0.5&max_budget=0.5", json={"inputs": "a"}, headers=headers())
+    assert r.status_code == 200, r.text
+    assert r.headers["x-budget-applied"] == "0.25,0.25" and engine.auto_calls == [(["a", "ab"], 0.5)]
+    assert over.status_code == 403 and over.json()["error_type"], over.text
+    for refused in (both, bad, numeric):
+        assert refused.status_code == 422 and set(refused.json()) == {"error", "error_type"}, refused.text
+    assert "max_budget" in bad.json()["error"] and "ceiling of budget=auto" in numeric.json()["error"]
