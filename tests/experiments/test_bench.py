@@ -24,3 +24,19 @@ def test_bench_writes_the_documented_fields(tiny_checkpoint: Path, tmp_path: Pat
 
 def test_bench_rejects_a_folder_as_out(tiny_checkpoint: Path, tmp_path: Path) -> None:
     assert main(["bench", "--model", str(tiny_checkpoint), "--out", str(tmp_path)]) == 2
+
+
+def test_memory_figure_measures_the_engine_with_and_without_prepacked_budgets(
+    tiny_model_scope_checkpoint: Path, tmp_path: Path,
+) -> None:
+    from headbudget.experiments import peers
+    from headbudget.experiments.bench import memory_figure
+    from headbudget.models.checkpoint import load_checkpoint
+
+    model, _ = load_checkpoint(tiny_model_scope_checkpoint)
+    dense, _ = peers.export_dense(model, tmp_path)
+    m = memory_figure(tiny_model_scope_checkpoint, dense, "fp32")
+    assert set(m) == {"engine_mb", "engine_sessions", "engine_unprepacked_mb", "dense_mb", "engine_over_dense",
+                      "engine_unprepacked_over_dense"}
+    assert m["engine_over_dense"] == round(m["engine_mb"] / m["dense_mb"], 3)
+    assert m["engine_unprepacked_over_dense"] == round(m["engine_unprepacked_mb"] / m["dense_mb"], 3)
