@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from headbudget.loadtest.service_bench import Server, load_texts, pct
+from headbudget.loadtest.service_bench import Server, bench_texts, pct
 
 CONFIG = """
 [server]
@@ -133,12 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", choices=("fp32", "int8"), default="fp32")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
-    if not (args.model / "config.json").is_file() or not (args.data / "test.csv").is_file():
-        print("auto_latency: error: need a checkpoint folder and a data folder with test.csv", file=sys.stderr)
+    texts = bench_texts("auto_latency", args.model, args.data, args.requests)
+    if texts is None:
         return 2
     from headbudget.experiments.bench import cpu_name
 
-    texts = load_texts(args.data, args.requests)
     result: dict[str, Any] = {"model": str(args.model), "data": str(args.data), "cpu": cpu_name(),
                               "date": time.strftime("%Y-%m-%d"), "precision": args.precision, "workers": 1,
                               "batch": 1, "n_texts": len(texts), "rounds": args.rounds,

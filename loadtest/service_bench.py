@@ -62,6 +62,14 @@ def load_texts(folder: Path, n: int, seed: int = 0) -> list[str]:
     return texts[:n]
 
 
+def bench_texts(prog: str, model: Path, data: Path, n: int) -> list[str] | None:
+    """The benchmark's test texts, or None after one error line when the checkpoint or the data is missing."""
+    if not (model / "config.json").is_file() or not (data / "test.csv").is_file():
+        print(f"{prog}: error: need a checkpoint folder and a data folder with test.csv", file=sys.stderr)
+        return None
+    return load_texts(data, n)
+
+
 class Server:
     """`headbudget serve` in a subprocess on a free loopback port, stopped on exit."""
 
@@ -267,12 +275,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="the server's and the paired in-process engine's precision")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
-    if not (args.model / "config.json").is_file() or not (args.data / "test.csv").is_file():
-        print("service_bench: error: need a checkpoint folder and a data folder with test.csv", file=sys.stderr)
+    texts = bench_texts("service_bench", args.model, args.data, args.requests)
+    if texts is None:
         return 2
     from headbudget.experiments.bench import cpu_name
 
-    texts = load_texts(args.data, args.requests)
     result: dict[str, Any] = {"model": str(args.model), "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"),
                               "workers": args.workers, "concurrency": args.concurrency}
     result.update(overhead(args.model, texts, args.budget, args.wait_ms, args.precision))
