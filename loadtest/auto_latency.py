@@ -21,26 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from headbudget.loadtest.service_bench import Server, bench_texts, pct
+from headbudget.loadtest.service_bench import CONFIG, Server, bench_texts, pct, post_classify
+from headbudget.models.budget import BUDGET_GRID
 
-CONFIG = """
-[server]
-max_batch_size = 32
-max_wait_ms = 3.0
-queue_size = 4096
-request_timeout_s = 30
-
-[development]
-anonymous_tier = "bench"
-
-[tiers.bench]
-default_budget = {lo}
-max_budget = 1.0
-rate_limit = 1000000000
-burst = 1000000
-priority = 0
-max_queue = 4096
-
+# service_bench's one-tier server, plus a second tier: both fixed budgets are tier defaults, so both are prepacked.
+OTHER_TIER = """
 [tiers.other]
 default_budget = {hi}
 max_budget = 1.0
@@ -49,19 +34,13 @@ burst = 1000000
 priority = 0
 max_queue = 4096
 """
-GRID = tuple(round(0.1 + 0.05 * i, 2) for i in range(19))
 
 
-def _post(conn: http.client.HTTPConnection, text: str, budget: float | str) -> tuple[float, dict[str, Any]]:
+def _timed(conn: http.client.HTTPConnection, text: str, budget: float | str) -> tuple[float, dict[str, Any]]:
+    """(round trip in ms, the text's result) of one batch-1 request."""
     t0 = time.perf_counter()
-    conn.request("POST", "/classify", json.dumps({"text": text, "budget": budget}),
-                 {"Content-Type": "application/json"})
-    r = conn.getresponse()
-    body = r.read()
-    ms = (time.perf_counter() - t0) * 1e3
-    if r.status != 200:
-        raise RuntimeError(f"/classify answered {r.status}: {body[:200]!r}")
-    return ms, json.loads(body)["results"][0]
+    answer = post_classify(conn, text, budget)
+    return (time.perf_counter() - t0) * 1e3, answer["results"][0]
 
 
 def mean_costs(model: Path, texts: list[str], precision: str) -> tuple[float, dict[float, float]]:
@@ -74,7 +53,7 @@ def mean_costs(model: Path, texts: list[str], precision: str) -> tuple[float, di
         raise SystemExit(f"auto_latency: error: {model} has no usable decider.json (run `headbudget decider`)")
     auto = statistics.fmean(p.cost.ratio for t in texts for p in engine.predict_auto([t]).predictions)
     fixed = {b: statistics.fmean(p.cost.ratio for t in texts for p in engine.predict([t], b).predictions)
-             for b in GRID}
+             for b in BUDGET_GRID}
     return auto, fixed
 
 
@@ -96,18 +75,19 @@ def measure(model: Path, texts: list[str], rounds: int, precision: str) -> dict[
     lo, hi = bracket(auto_cost, fixed)
     times: dict[str, list[float]] = {"auto": [], str(lo): [], str(hi): []}
     passes: list[int] = []
-    with Server(model, 1, precision=precision, config_text=CONFIG.format(lo=lo, hi=hi)) as srv:
+    config = CONFIG.format(batch=32, wait=3.0, budget=lo) + OTHER_TIER.format(hi=hi)
+    with Server(model, 1, precision=precision, config_text=config) as srv:
         conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
         for t in texts[:30]:  # warm-up: sessions, caches, the connection
             for b in ("auto", lo, hi):
-                _post(conn, t, b)
+                _timed(conn, t, b)
         rng = random.Random(0)
         for _ in range(rounds):
             for t in texts:
                 order: list[float | str] = ["auto", lo, hi]
                 rng.shuffle(order)
                 for b in order:
-                    ms, answer = _post(conn, t, b)
+                    ms, answer = _timed(conn, t, b)
                     times[str(b)].append(ms)
                     if b == "auto":
                         passes.append(len(answer.get("passes") or [answer["budget_applied"]]))

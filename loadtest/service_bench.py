@@ -165,7 +165,7 @@ def overhead(model: Path, texts: list[str], budget: float, wait_ms: float, preci
         conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
         try:
             for t in texts[:20]:  # warm the connection and the server's caches
-                _post(conn, t, budget)
+                post_classify(conn, t, budget)
             # Paired in time, block by block: this process's engine on a block of texts, then the server on
             # the same block, so drift in the machine's speed (a shared VM here) hits both sides alike. One
             # engine call per text, as the server makes one; blocks, not text by text, because two copies of
@@ -177,7 +177,7 @@ def overhead(model: Path, texts: list[str], budget: float, wait_ms: float, preci
                 engine_ms += [engine_ms_for(t) for t in block]
                 for t in block:
                     t0 = time.perf_counter()
-                    answer = _post(conn, t, budget)
+                    answer = post_classify(conn, t, budget)
                     rtt.append((time.perf_counter() - t0) * 1e3)
                     forward_ms.append(float(answer["results"][0]["latency_ms"]))
                     handler_ms.append(float(answer["latency_ms"]))
@@ -210,7 +210,8 @@ def overhead(model: Path, texts: list[str], budget: float, wait_ms: float, preci
     }
 
 
-def _post(conn: http.client.HTTPConnection, text: str, budget: float) -> dict[str, Any]:
+def post_classify(conn: http.client.HTTPConnection, text: str, budget: float | str) -> dict[str, Any]:
+    """One batch-1 POST /classify over a keep-alive connection: the answer body (any other status raises)."""
     conn.request("POST", "/classify", json.dumps({"text": text, "budget": budget}),
                  {"Content-Type": "application/json"})
     r = conn.getresponse()

@@ -108,6 +108,9 @@ def _as_tei(exc: Exception, content_type: str) -> TeiFailure | None:
     return None
 
 
+_CEILINGS = {"max_budget", "x-max-budget"}  # auto's ceiling, query and header: a number, never 'auto'
+
+
 def _request_invalid(exc: RequestValidationError, content_type: str) -> TeiFailure:
     """FastAPI's validation errors with the statuses axum gives TEI's JSON extractor (400 syntax, 415 media
     type, 422 data)."""
@@ -122,7 +125,7 @@ def _request_invalid(exc: RequestValidationError, content_type: str) -> TeiFailu
         loc = rest if where in ("body", "query", "header") else [where, *rest]
         if where in ("query", "header"):  # the budget and auto's ceiling are the parameters these routes take
             name = loc[0] if loc else ""
-            parts[f"{where} {name}".strip()] = ("must be a finite number in [0.1, 1]" if "max" in name.lower()
+            parts[f"{where} {name}".strip()] = ("must be a finite number in [0.1, 1]" if name.lower() in _CEILINGS
                                                 else "must be a finite number in [0.1, 1] or 'auto'")
         elif e.get("type") == "missing" and loc[:1] == ["inputs"]:
             parts["body"] = "missing field `inputs`"
