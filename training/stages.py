@@ -203,7 +203,6 @@ def _stage_loss(
     with torch.no_grad():
         # The dense teacher's answer does not depend on the budget: one forward pass serves every budget.
         shared = teacher.logits_and_states(ids, mask) if dense_teacher else None
-    real = mask.to(torch.float32)[:, :, None]  # (B, N, 1): hidden-state error counts real tokens only
     losses = []
     for bi in budgets:
         bt = torch.tensor([bi], device=ids.device)
@@ -217,6 +216,7 @@ def _stage_loss(
         s_logits, s_states = model.logits_and_states(ids, mask, model.ste_gates(bt)[0])
         loss = distillation_loss(s_logits, t_logits, y, recipe.distill_alpha, recipe.distill_temperature)
         if recipe.hidden_distill > 0:
+            real = mask.to(s_logits.dtype)[:, :, None]  # (B, N, 1): the error counts real tokens only
             mse = [(((s - t) ** 2) * real).sum() / (real.sum() * s.shape[-1]) for s, t in zip(s_states, t_states,
                                                                                               strict=True)]
             loss = loss + recipe.hidden_distill * torch.stack(mse).mean()

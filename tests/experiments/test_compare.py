@@ -19,12 +19,17 @@ ARGS = ["compare", "--data", "synthetic", "--base", "tiny", "--recipe", "smoke",
 METHODS = {"dense", "budgeted", "soft-only", "posthoc", "posthoc-structural", "posthoc+recovery", "static"}
 
 
-@pytest.fixture(scope="module")
-def compared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    out = tmp_path_factory.mktemp("compare") / "cmp"
-    proc = run_cli(*ARGS, "--out", str(out))
+def run_compare(tmp_path_factory: pytest.TempPathFactory, name: str, args: list[str]) -> tuple[Path, str]:
+    """`headbudget compare` with ``args`` into a fresh folder: (that folder, its log)."""
+    out = tmp_path_factory.mktemp(name) / "cmp"
+    proc = run_cli(*args, "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    return run_compare(tmp_path_factory, "compare", ARGS)
 
 
 @pytest.mark.slow

@@ -12,9 +12,10 @@ import pytest
 from headbudget.experiments.compare import MODEL_METHODS
 from headbudget.models.checkpoint import load_checkpoint
 from tests.conftest import run_cli
+from tests.experiments.test_compare import run_compare
 
-# One seed, two budgets, the smoke recipe shortened. Latency on the torch reference engine: the ONNX engine's
-# feed-forward slicing is being written (issue 16), and this tests the pipeline, not the engine's speed.
+# One seed, two budgets, the smoke recipe shortened. Latency on the torch reference engine: this tests the
+# pipeline, not the engine's speed (the ONNX engine's slicing has its own equivalence tests in tests/engine).
 ARGS = ["compare", "--scope", "model", "--data", "synthetic", "--base", "tiny", "--recipe", "smoke", "--seeds", "7",
         "--budgets", "0.75,0.25", "--device", "cpu", "--set", "synthetic_size=600", "--set", "dense_epochs=3",
         "--set", "budget_epochs=1", "--importance-examples", "200", "--ablation-examples", "0", "--limit", "200",
@@ -25,10 +26,7 @@ TRAINED = {"budgeted-s7", "attention-only-s7", "layerdrop-s7", "ffn-half-s7"}
 
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    out = tmp_path_factory.mktemp("compare-model") / "cmp"
-    proc = run_cli(*ARGS, "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out, proc.stderr
+    return run_compare(tmp_path_factory, "compare-model", ARGS)
 
 
 @pytest.mark.slow
