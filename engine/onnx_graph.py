@@ -32,7 +32,8 @@ from headbudget.models.plan import ExecutionPlan
 
 # Bump whenever the graph or the weight layout changes: it is part of the on-disk cache key.
 # 7: whole-model budgets (neuron-ordered feed-forward store, feed-forward prefixes in the graphs).
-BUILDER_VERSION = 7
+# 8: int8 whole-model W1 stored (I, D) like fp32, run by QGemm(transB=1): no per-width copies.
+BUILDER_VERSION = 8
 OPSET = 17
 MS = "com.microsoft"
 _NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int8): TensorProto.INT8}
@@ -60,21 +61,14 @@ def _sliced(store: Arrays, layer: int, k: int, dh: int, precision: Precision, ca
     return out
 
 
-def _ffn_sliced(store: Arrays, cfg: ModelConfig, layer: int, w: int, precision: Precision,
-                cache: dict[str, np.ndarray]) -> Arrays:
-    """The arrays of one feed-forward block at its first w neurons (0 < w < I): views, but int8 W1 copies."""
+def _ffn_sliced(store: Arrays, layer: int, w: int, precision: Precision) -> Arrays:
+    """The arrays of one feed-forward block at its first w neurons (0 < w < I): views of the store."""
     p = f"l{layer}."
     out: Arrays = {f"{p}b1.n{w}": store[f"{p}b1"][:w], f"{p}w2.n{w}": store[f"{p}w2"][:w]}  # W2 (I, D) rows
     key = f"{p}w1.n{w}"
-    if w1_by_rows(cfg, precision):
-        out[key] = store[f"{p}w1"][:w]  # (w, D) row prefix: a view
-    else:
-        # int8 W1 is (D, I): a column prefix is not contiguous, one copy per (layer, w), shared by every session.
-        if key not in cache:
-            cache[key] = np.ascontiguousarray(store[f"{p}w1"][:, :w])
-        out[key] = cache[key]
+    out[key] = store[f"{p}w1"][:w]  # (w, D) row prefix of the (I, D) store: a view (weights.w1_by_rows)
     if precision == "int8":
-        out[f"{p}w1_s.n{w}"] = store[f"{p}w1_s"][:w]
+        out[f"{p}w1_s.n{w}"], out[f"w1_z.n{w}"] = store[f"{p}w1_s"][:w], store["w1_z"][:w]
     return out
 
 
@@ -89,9 +83,11 @@ def bind(
         names = ["bo", "ln1_g", "ln1_b", "b2", "ln2_g", "ln2_b"]
         if w == cfg.intermediate_size:
             names += ["w1", "b1", "w2"] + (["w1_s", "w2_s"] if int8 else [])
+            if int8 and "w1_z" in store:
+                out["w1_z"] = store["w1_z"]
         elif w:
             names += ["w2_s"] if int8 else []
-            out.update(_ffn_sliced(store, cfg, layer, w, precision, cache))
+            out.update(_ffn_sliced(store, layer, w, precision))
         if int8 and k:
             names.append("wo_s")
         out.update({p + n: store[p + n] for n in names})
@@ -123,8 +119,18 @@ class _Graph:
     def linear(self, x: str, w: str, bias: str, scale: str, trans_b: bool = False) -> str:
         """x @ W + b for 2-D x; int8 W is (K, N) with one scale per column, fp32 W is (N, K) when trans_b."""
         if self.precision == "int8":
+            assert not trans_b, "int8 (N, K) weights go through rows_int8"
             return self.op("DynamicQuantizeMatMul", [x, w, scale, "", bias], domain=MS)
         return self.op("Gemm", [x, w, bias], transB=int(trans_b))
+
+    def rows_int8(self, x: str, w: str, scale: str, zero: str) -> str:
+        """x @ W^T without bias for an int8 W stored (N, K), one scale (and zero point 0) per row.  (M, N)
+
+        DynamicQuantizeMatMul has no transposed B; this pair quantizes x exactly as it does (uint8, per
+        tensor), so the product is bit-identical to it over a (K, N) copy (see weights.w1_by_rows).
+        """
+        xq, xs, xz = self.op("DynamicQuantizeLinear", [x], n_out=3).split(",")
+        return self.op("QGemm", [xq, xs, xz, w, scale, zero], domain=MS, transB=1)
 
     def add_norm(self, y: str, x: str, gamma: str, beta: str) -> str:
         # Add + LayerNormalization measured faster on CPU than the contrib SkipLayerNormalization kernel.
@@ -178,12 +184,15 @@ class _Graph:
         if w == 0:
             return self.add_norm(p + "b2", x, p + "ln2_g", p + "ln2_b")
         if w is None:
-            w1, b1, w2, w1_s = p + "ffn_w1", p + "ffn_b1", p + "ffn_w2", p + "ffn_w1_s"
+            w1, b1, w2, w1_s, w1_z = p + "ffn_w1", p + "ffn_b1", p + "ffn_w2", p + "ffn_w1_s", p + "ffn_w1_z"
         else:
             sfx = "" if w == self.cfg.intermediate_size else f".n{w}"
-            w1, b1, w2, w1_s = p + "w1" + sfx, p + "b1" + sfx, p + "w2" + sfx, p + "w1_s" + sfx
+            w1, b1, w2, w1_s, w1_z = p + "w1" + sfx, p + "b1" + sfx, p + "w2" + sfx, p + "w1_s" + sfx, "w1_z" + sfx
         rows = w1_by_rows(self.cfg, self.precision)
-        h = self.op("Gelu", [self.linear(x, w1, b1, w1_s, trans_b=rows)], domain=MS)  # (B*N, w)
+        if rows and self.precision == "int8":  # the bias rides in BiasGelu: no Add over (B*N, w)
+            h = self.op("BiasGelu", [self.rows_int8(x, w1, w1_s, w1_z), b1], domain=MS)  # (B*N, w)
+        else:
+            h = self.op("Gelu", [self.linear(x, w1, b1, w1_s, trans_b=rows)], domain=MS)  # (B*N, w)
         return self.add_norm(self.linear(h, w2, p + "b2", p + "w2_s"), x, p + "ln2_g", p + "ln2_b")
 
     def embed(self, ids: str) -> str:
@@ -292,7 +301,7 @@ def dynamic_arrays(store: Arrays, cfg: ModelConfig, precision: Precision, cache:
     """
     names = ["bo", "ln1_g", "ln1_b", "w1", "b1", "w2", "b2", "ln2_g", "ln2_b"]
     names += ["w1_s", "w2_s", "wo_s"] if precision == "int8" else []
-    out: Arrays = {n: store[n] for n in _shared(cfg, precision)}
+    out: Arrays = {n: store[n] for n in _shared(cfg, precision) + (("w1_z",) if "w1_z" in store else ())}
     for layer in range(cfg.n_layers):
         out.update({f"l{layer}.{n}": store[f"l{layer}.{n}"] for n in names})
         out.update(_sliced(store, layer, cfg.n_heads, cfg.head_dim, precision, cache))
@@ -341,25 +350,25 @@ def _ffn_feeds(store: Arrays, cfg: ModelConfig, widths: Sequence[int], precision
                cache: dict[str, np.ndarray]) -> Arrays:
     """The feed-forward part of ``dynamic_feeds``: per layer the full flag and the neuron-prefix slices."""
     d, full_width, int8 = cfg.hidden_size, cfg.intermediate_size, precision == "int8"
-    if "zero_w1" not in cache:
-        rows = w1_by_rows(cfg, precision)
-        cache["zero_w1"] = np.zeros((1, d) if rows else (d, 1), np.int8 if int8 else np.float32)
+    if "zero_w1" not in cache:  # W1 is (I, D) wherever there are feed-forward budgets (weights.w1_by_rows)
+        cache["zero_w1"] = np.zeros((1, d), np.int8 if int8 else np.float32)
         cache["zero_w2"] = np.zeros((1, d), np.int8 if int8 else np.float32)
         cache["zero_b1"] = np.zeros(1, np.float32)
         cache["one_s1"] = np.ones(1, np.float32)
+        cache["zero_z1"] = np.zeros(1, np.int8)
     out: Arrays = {}
     for layer, w in enumerate(widths):
         p = f"l{layer}."
         out[p + "ffn_full"] = np.array(w == full_width)
         if 0 < w < full_width:
-            sliced = _ffn_sliced(store, cfg, layer, w, precision, cache)
+            sliced = _ffn_sliced(store, layer, w, precision)
             out.update({f"{p}ffn_{n}": sliced[f"{p}{n}.n{w}"] for n in ("w1", "b1", "w2")})
             if int8:
-                out[p + "ffn_w1_s"] = sliced[f"{p}w1_s.n{w}"]
+                out[p + "ffn_w1_s"], out[p + "ffn_w1_z"] = sliced[f"{p}w1_s.n{w}"], sliced[f"w1_z.n{w}"]
         else:
             out.update({p + "ffn_w1": cache["zero_w1"], p + "ffn_b1": cache["zero_b1"], p + "ffn_w2": cache["zero_w2"]})
             if int8:
-                out[p + "ffn_w1_s"] = cache["one_s1"]
+                out[p + "ffn_w1_s"], out[p + "ffn_w1_z"] = cache["one_s1"], cache["zero_z1"]
     return out
 
 
@@ -394,14 +403,13 @@ def build_dynamic(cfg: ModelConfig, precision: Precision, arrays: Arrays) -> onn
         if not cfg.ffn_groups:  # attention scope: every neuron, every budget
             x = g.ffn(x, layer, cfg.intermediate_size)
             continue
-        rows = w1_by_rows(cfg, precision)
         inputs += [helper.make_tensor_value_info(p + "ffn_full", TensorProto.BOOL, []),
-                   helper.make_tensor_value_info(p + "ffn_w1", wtype, [None, cfg.hidden_size] if rows
-                                                 else [cfg.hidden_size, None]),
+                   helper.make_tensor_value_info(p + "ffn_w1", wtype, [None, cfg.hidden_size]),  # (w, D) rows
                    helper.make_tensor_value_info(p + "ffn_b1", TensorProto.FLOAT, [None]),
                    helper.make_tensor_value_info(p + "ffn_w2", wtype, [None, cfg.hidden_size])]
         if precision == "int8":
-            inputs.append(helper.make_tensor_value_info(p + "ffn_w1_s", TensorProto.FLOAT, [None]))
+            inputs += [helper.make_tensor_value_info(p + "ffn_w1_s", TensorProto.FLOAT, [None]),
+                       helper.make_tensor_value_info(p + "ffn_w1_z", TensorProto.INT8, [None])]
         h = x
         x = g.switch(p + "ffn_full", partial(_Graph.ffn, x=h, layer=layer, w=cfg.intermediate_size),
                      partial(_Graph.ffn, x=h, layer=layer, w=None))

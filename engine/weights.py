@@ -11,13 +11,12 @@ Layout, per layer l, with heads permuted by ``layer_head_orders`` (rank order in
 - FFN weights transposed to (in, out), the layout MatMul and the quantized MatMul want.
 - Whole-model budgets (METHODS.md section 6): the feed-forward neurons in ``BudgetPolicy.neuron_perms`` order
   (W1 rows, b1 entries, W2 input rows), so that a plan's kept neurons are the first ffn[l] of every layer:
-  W2 (I, D) and b1 prefixes are row views. fp32 keeps W1 in nn.Linear's (I, D) layout (the graph uses
-  ``transB=1``) so that its prefix is a row view too, see ``w1_by_rows``; int8 W1 is (D, I), whose column
-  prefixes the graph builder copies once per (layer, width). Attention-scope stores are exactly as before
-  (identity neuron order, fp32 W1 as (D, I)).
-int8 stores (K, N) matrices with one symmetric scale per output column, so that slicing heads out of
-Q/K/V (columns) or W_O (rows), or neurons out of W1 (columns: one scale per neuron) or W2 (rows: one scale per
-output feature over all I rows), never changes a kept weight's quantized value.
+  W2 (I, D) and b1 prefixes are row views. W1 stays in nn.Linear's (I, D) layout (the graph uses
+  ``transB=1``) so that its prefix is a row view too, in fp32 and int8, see ``w1_by_rows``. Attention-scope
+  stores are exactly as before (identity neuron order, W1 as (D, I)).
+int8 stores (K, N) matrices with one symmetric scale per output column (whole-model W1: (N, K), one per
+row), so that slicing heads out of Q/K/V (columns) or W_O (rows), or neurons out of W1 (one scale per neuron)
+or W2 (rows: one scale per output feature over all I rows), never changes a kept weight's quantized value.
 """
 
 from __future__ import annotations
@@ -131,15 +130,22 @@ def quantize_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def w1_by_rows(cfg: ModelConfig, precision: Precision) -> bool:
-    """Whether the store's W1 is (I, D), neurons as rows (fp32, whole-model budgets), rather than (D, I).
+    """Whether the store's W1 is (I, D), neurons as rows (whole-model budgets), rather than (D, I).
 
-    Measured (ORT 1.32, one thread, 128 x 384 tokens, Gemm over a weight fed as an input, medians of 7x50):
-    transB=1 over a (w, D) row view took 0.346 / 0.174 ms at w = 768 / 384 against 0.358 / 0.179 ms for
-    transB=0 over a contiguous (D, w) copy, and the full width prepacked 0.624 vs 0.627 ms; so the (I, D)
-    layout costs no time and saves an fp32 copy of W1 per (layer, width) (up to ~2.4 MB each on MiniLM).
-    int8's DynamicQuantizeMatMul has no transposed B, so int8 W1 stays (D, I).
+    A plan's neuron prefix is then a row view, so no budget needs a copy of W1. fp32 (ORT 1.32, one thread,
+    128 x 384 tokens, Gemm over a weight fed as an input, medians of 7x50): transB=1 over a (w, D) row view took
+    0.346 / 0.174 ms at w = 768 / 384 against 0.358 / 0.179 ms for transB=0 over a contiguous (D, w) copy, and
+    the full width prepacked 0.624 vs 0.627 ms. int8 has no transposed DynamicQuantizeMatMul; it runs
+    DynamicQuantizeLinear + QGemm(transB=1) + BiasGelu, bit-identical to DynamicQuantizeMatMul + Gelu over a
+    (D, w) copy (``_Graph.ffn``). Measured (one thread, x (M, 384) times W1 of MiniLM, medians of 7x300 calls,
+    interleaved): prepacked full width 0.304 / 0.112 ms against 0.296 / 0.109 (M = 128 / 43, +3%); a 768-neuron
+    prefix fed per call 0.191 / 0.086 ms against 0.167 / 0.066 ms over the copy, since ORT transposes an
+    unpacked B on every call. That is up to ~0.1 ms per forward pass on the budgets without a prepacked
+    session, bought back in memory: the per-(layer, width) int8 copies of W1 were 21 MB over the 19 budgets
+    of the AG News checkpoint, 45% of one dense int8 session (docs/results.md section 9).
     """
-    return precision == "fp32" and cfg.gate.scope == "model"
+    del precision  # both precisions: one layout, one rule
+    return cfg.gate.scope == "model"
 
 
 def pack(state: Arrays, cfg: ModelConfig, policy: BudgetPolicy, precision: Precision) -> Arrays:
@@ -164,6 +170,8 @@ def pack(state: Arrays, cfg: ModelConfig, policy: BudgetPolicy, precision: Preci
         # The word table is most of the model (30522 x 384 fp32 = 47 MB for MiniLM): int8 rows with one
         # scale each, dequantized after the Gather (only the B*N gathered rows), as quantize_dynamic does.
         out["word"], out["word_s"] = quantize_rows(out["word"])
+        if w1_by_rows(cfg, precision):  # QGemm's per-neuron zero points (all 0, symmetric), sliced per width
+            out["w1_z"] = np.zeros(cfg.intermediate_size, np.int8)
     for layer in range(cfg.n_layers):
         p = f"encoder.layers.{layer}."
         # Feature indices of the heads in rank order: (H*dh,).
@@ -183,10 +191,14 @@ def pack(state: Arrays, cfg: ModelConfig, policy: BudgetPolicy, precision: Preci
         if neuron_perms is not None:  # neurons in rank order: (I, D) rows, (I,) entries, (D, I) columns
             w1, b1, w2 = w1[neuron_perms[layer]], b1[neuron_perms[layer]], w2[:, neuron_perms[layer]]
         # W1 (D, I), or (I, D) where a neuron prefix must be a row view (w1_by_rows); W2 (I, D).
-        w1_t = np.ascontiguousarray(w1 if w1_by_rows(cfg, precision) else w1.T)
+        rows = w1_by_rows(cfg, precision)
+        w1_t = np.ascontiguousarray(w1 if rows else w1.T)
         w2_t = np.ascontiguousarray(w2.T)
         for name, w in (("wo", wo_t), ("w1", w1_t), ("w2", w2_t)):
-            if precision == "int8":
+            if precision == "int8" and name == "w1" and rows:  # one scale per neuron, as for the (D, I) layout
+                out[f"l{layer}.w1"], scale = quantize_rows(w)
+                out[f"l{layer}.w1_s"] = scale.reshape(-1)
+            elif precision == "int8":
                 out[f"l{layer}.{name}"], out[f"l{layer}.{name}_s"] = quantize_columns(w)
             else:
                 out[f"l{layer}.{name}"] = w

@@ -181,8 +181,39 @@ def test_export_drops_the_neurons_and_gives_the_engines_logits(tiny_model_scope_
         tiny_model_scope_checkpoint, 0.5, precision, tmp_path / "cache"), atol=1e-4, rtol=0)
     half, dense = _ffn_weights(tmp_path / "0.5", cfg.n_layers), _ffn_weights(tmp_path / "1.0", cfg.n_layers)
     d = cfg.hidden_size
-    for layer, w in enumerate(plan.ffn):  # W1 and W2 of exactly the kept neurons, or none at all
-        w1 = (w, d) if precision == "fp32" else (d, w)
-        assert half[layer] == ({"w1": w1, "w2": (w, d)} if w else {}), f"layer {layer}"
+    for layer, w in enumerate(plan.ffn):  # W1 (rows, both precisions) and W2 of exactly the kept neurons, or none
+        assert half[layer] == ({"w1": (w, d), "w2": (w, d)} if w else {}), f"layer {layer}"
     assert sum(np.prod(s) for layer in half for s in layer.values()) < sum(
         np.prod(s) for layer in dense for s in layer.values())
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_neuron_prefixes_are_views_of_the_one_store(tiny_model_scope_checkpoint: Path, reference: BudgetedClassifier,
+                                                    precision: str) -> None:
+    """Every budget's W1, W2 and b1 (and int8 scales) share the store's memory: no per-width copy in either
+    precision, in the per-call feeds of the all-budget session and in a prepacked budget's initializers."""
+    from headbudget.engine import onnx_graph as G
+    from headbudget.engine.weights import gate_params, load_state, pack
+    from headbudget.models.budget import head_order
+    from headbudget.models.plan import BudgetPolicy
+
+    cfg = reference.cfg
+    state = load_state(tiny_model_scope_checkpoint, cfg)
+    policy = BudgetPolicy(cfg, head_order(gate_params(state)))
+    store = pack(state, cfg, policy, precision)  # type: ignore[arg-type]
+    cache: dict[str, np.ndarray] = {}
+    partial = 0
+    for b in BUDGET_GRID:
+        plan = policy.plan(b)
+        feeds, bound = G.dynamic_feeds(store, cfg, plan, precision, cache), G.bind(store, cfg, plan, precision, cache)  # type: ignore[arg-type]
+        for layer, w in enumerate(plan.ffn_widths(cfg.intermediate_size)):
+            if not 0 < w < cfg.intermediate_size:
+                continue
+            partial += 1
+            p = f"l{layer}."
+            names = ["w1", "w2", "b1"] + (["w1_s"] if precision == "int8" else [])
+            for n in names:
+                assert np.shares_memory(feeds[f"{p}ffn_{n}"], store[p + n]), (b, layer, n)
+                assert np.shares_memory(bound[f"{p}{n}.n{w}"], store[p + n]), (b, layer, n)
+            assert feeds[p + "ffn_w1"].shape == (w, cfg.hidden_size)
+    assert partial > 0 and not any(".w1" in k for k in cache)
