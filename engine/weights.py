@@ -140,9 +140,10 @@ def w1_by_rows(cfg: ModelConfig, precision: Precision) -> bool:
     (D, w) copy (``_Graph.ffn``). Measured (one thread, x (M, 384) times W1 of MiniLM, medians of 7x300 calls,
     interleaved): prepacked full width 0.304 / 0.112 ms against 0.296 / 0.109 (M = 128 / 43, +3%); a 768-neuron
     prefix fed per call 0.191 / 0.086 ms against 0.167 / 0.066 ms over the copy, since ORT transposes an
-    unpacked B on every call. That is up to ~0.1 ms per forward pass on the budgets without a prepacked
-    session, bought back in memory: the per-(layer, width) int8 copies of W1 were 21 MB over the 19 budgets
-    of the AG News checkpoint, 45% of one dense int8 session (docs/results.md section 9).
+    unpacked B on every call. In the engine (A/B, three alternating processes per tree, 40 AG News texts,
+    int8) that was within noise at the prepacked budgets and +5% at b = 0.75, which runs on the all-budget
+    session; bought back in memory: the per-(layer, width) int8 copies of W1 were 21 MB over the 19 budgets of
+    the AG News checkpoint, 45% of one dense int8 session (docs/results.md section 9).
     """
     del precision  # both precisions: one layout, one rule
     return cfg.gate.scope == "model"
@@ -183,6 +184,9 @@ def pack(state: Arrays, cfg: ModelConfig, policy: BudgetPolicy, precision: Preci
         out[f"l{layer}.bqkv"] = np.stack([state[p + f"attention.{m}.bias"][cols].reshape(cfg.n_heads, dh)
                                           for m in ("query", "key", "value")], axis=1).reshape(-1)
         if precision == "int8":
+            # (D, H*3*dh), so a head prefix is a column copy per (layer, k) (engine slice cache, ~11 MB on MiniLM
+            # over 19 budgets). Rows + QGemm as for W1 was measured (A/B, three alternating processes per tree,
+            # 40 AG News texts): +2-3% at every budget for those 11 MB; memory is within 2x without it.
             out[f"l{layer}.wqkv"], out[f"l{layer}.wqkv_s"] = quantize_columns(qkv.T)  # (D, H*3*dh)
         else:
             out[f"l{layer}.wqkv"] = np.ascontiguousarray(qkv)
