@@ -25,6 +25,26 @@ Predictor = Callable[[np.ndarray, np.ndarray, float], np.ndarray]
 EngineFactory = Callable[[Path], Predictor]
 
 
+def engine_factory(backend: str, budgets: tuple[float, ...]) -> EngineFactory:
+    """The serving engine (fp32, one thread) of an artifact, as ids, mask, budget -> logits.
+
+    Every compared budget gets a prepacked session (``EngineOptions.prepacked_budgets``), as a budget that is
+    an operating point is served (a tier's default): timed on the all-budget session instead, where ORT packs
+    a partial layer's slices on every call, the kept AG News checkpoint's b = 0.75 measured 6.19 ms against
+    5.19 ms prepacked (150 texts, one process; docs/results.md section 9), which would place every method
+    against a curve slower than what a user running that budget gets. Every artifact gets the same options.
+    """
+    from headbudget.engine.factory import load_engine
+    from headbudget.engine.types import EngineOptions
+
+    options = EngineOptions(backend=backend, precision="fp32", threads=1, prepacked_budgets=budgets)  # type: ignore[arg-type]
+
+    def factory(folder: Path) -> Predictor:
+        return load_engine(folder, options).predict_ids  # type: ignore[attr-defined,no-any-return]
+
+    return factory
+
+
 def macs_ratio(model: BudgetedClassifier, budget: float | None, dense: ModelConfig) -> float:
     """Whole-forward multiply-adds of ``model`` at ``budget`` (None: every unit), at the reference length, over
     the dense model's: comparable across the budgeted checkpoints and the smaller dedicated models."""

@@ -63,22 +63,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
-def _engine_factory(backend: str):  # type: ignore[no-untyped-def]
-    """The serving engine (fp32, one thread) of an artifact, as ids, mask, budget -> logits."""
-    from headbudget.engine.factory import load_engine
-    from headbudget.engine.types import EngineOptions
-
-    def factory(folder: Path):  # type: ignore[no-untyped-def]
-        return load_engine(folder, EngineOptions(backend=backend, precision="fp32", threads=1)).predict_ids
-
-    return factory
-
-
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from headbudget.commands.common import CliError
     from headbudget.experiments.compare import CompareConfig, run_compare
+    from headbudget.experiments.compare_measure import engine_factory
     from headbudget.training.data import load_data
     from headbudget.training.recipes import get_recipe, parse_overrides
 
@@ -98,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
                         latency_texts=args.latency_texts, latency_repeats=args.latency_repeats,
                         scope=args.scope, latency_engine=f"{args.backend} fp32, 1 thread, batch 1",
                         extra={"command": "headbudget " + shlex.join(sys.argv[1:]) if sys.argv[1:] else None})
-    doc = run_compare(cfg, args.out, _engine_factory(args.backend))
+    doc = run_compare(cfg, args.out, engine_factory(args.backend, cfg.budgets))
     print((args.out / "compare.md").read_text())
     print(f"wrote {args.out / 'compare.json'}, {args.out / 'compare.md'}, {args.out / 'compare.png'} "
           f"({doc['wall_seconds']:.0f} s)")

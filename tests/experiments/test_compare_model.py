@@ -117,3 +117,63 @@ def test_bad_scope_or_backend_one_line(args: list[str], message: str, tmp_path: 
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_latency_probe_serves_every_compared_budget_prepacked(tiny_model_scope_checkpoint: Path) -> None:
+    # A compared budget is timed as it is served when it is an operating point: with a session of its own.
+    import numpy as np
+
+    from headbudget.experiments.compare_measure import engine_factory
+
+    predict = engine_factory("onnxruntime", (0.3, 0.6))(tiny_model_scope_checkpoint)
+    engine = predict.__self__  # type: ignore[attr-defined]
+    ids, mask = np.full((1, 5), 7, dtype=np.int64), np.ones((1, 5), dtype=np.int32)
+    for b in (0.3, 0.6, 1.0):
+        assert np.isfinite(predict(ids, mask, b)).all()
+    assert engine.n_sessions == 1 + 2  # the all-budget session, and one per compared budget below 1
+
+
+@pytest.mark.slow
+def test_retime_places_another_checkpoint_against_exact_standins(compared: tuple[Path, str], tmp_path: Path) -> None:
+    import shutil
+
+    from headbudget.experiments.compare_measure import engine_factory
+    from headbudget.experiments.compare_retime import retime
+
+    out, _ = compared
+    doc = json.loads((out / "compare.json").read_text())
+    res = doc["per_seed"]["7"]["results"]
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(Path(res["budgeted@0.25"]["folder"]), ckpt, ignore=shutil.ignore_patterns("stages", "onnx"))
+    curve = sorted(r["budget"] for r in res.values() if r["method"] == "budgeted")
+    sweep = {"n_examples": doc["n_test"], "dense_accuracy": res["dense@1.00"]["accuracy"],
+             "points": [{"budget": b, "accuracy_hard": res[f"budgeted@{b:.2f}"]["accuracy"]} for b in curve]}
+    (ckpt / "sweep.json").write_text(json.dumps(sweep))
+    factory = engine_factory("onnxruntime", tuple(doc["budgets"]))
+    got = retime(ckpt, doc, tmp_path / "work", factory, 5, 1)
+    assert {(r["method"], r["budget"]) for r in got["placement"]} == (
+        {("layerdrop", 1.0), ("ffn-half", 1.0)} | {("attention-only", b) for b in doc["budgets"]})
+    timed = got["per_seed"]["7"]["results"]
+    assert all(r["latency_ms"] > 0 for r in timed.values())
+    assert timed["layerdrop@1.00"]["accuracy"] == res["layerdrop@1.00"]["accuracy"]  # compare's accuracies
+    # The stand-ins time what the baselines run: their shapes, and the attention-only run's plans exactly.
+    att, _ = load_checkpoint(tmp_path / "work" / "attention-only")
+    for b in doc["budgets"]:
+        assert [int(x) for x in att.gates.hard_mask(b).sum(1)] == res[f"attention-only@{b:.2f}"]["heads_per_layer"]
+    layerdrop, _ = load_checkpoint(tmp_path / "work" / "layerdrop")
+    half, _ = load_checkpoint(tmp_path / "work" / "ffn-half")
+    assert layerdrop.cfg.n_layers == res["layerdrop@1.00"]["n_layers"] and layerdrop.cfg.gate.scope == "attention"
+    assert [half.cfg.intermediate_size] * half.cfg.n_layers == res["ffn-half@1.00"]["neurons_per_layer"]
+    # A checkpoint of another lineage (another dense model) is refused, not placed.
+    sweep["dense_accuracy"] += 0.01
+    (ckpt / "sweep.json").write_text(json.dumps(sweep))
+    with pytest.raises(ValueError, match="lineage"):
+        retime(ckpt, doc, tmp_path / "work", factory, 5, 1)
+
+
+def test_retime_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from headbudget.experiments.compare_retime import main
+
+    assert main(["--model", str(tmp_path), "--compare", str(tmp_path / "none.json"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "none.json" in err and "\n" not in err
