@@ -42,11 +42,12 @@ SOAK_CONFIG = CONFIG.replace("queue_size = 4096", "queue_size = {queue}").replac
 
 
 def capacity(model: Path, texts: list[str], workers: int, budgets: list[float], target_ms: float,
-             seconds: float, levels: list[int]) -> list[dict[str, Any]]:
+             seconds: float, levels: list[int], precision: str = "fp32") -> list[dict[str, Any]]:
     """Highest sustained rps with p99 under ``target_ms`` per budget."""
     out = []
     for b in budgets:
-        with Server(model, workers, 32, 3.0, b) as srv:
+        with Server(model, workers, 32, 3.0, b, precision=precision) as srv:
+            dtype = httpx.get(f"{srv.url}/info", timeout=10).json().get("model_dtype")  # what the server runs
             asyncio.run(closed_loop(srv.url, texts[:50], b, 4, 2.0))
             runs = []
             for users in levels:
@@ -59,7 +60,7 @@ def capacity(model: Path, texts: list[str], workers: int, budgets: list[float], 
                     break
         good = [r for r in runs if r["p99_ms"] is not None and r["p99_ms"] <= target_ms]
         best = max(good, key=lambda r: r["rps"]) if good else None
-        out.append({"budget": b, "sustained_rps": best["rps"] if best else 0.0,
+        out.append({"budget": b, "served_dtype": dtype, "sustained_rps": best["rps"] if best else 0.0,
                     "at_users": best["users"] if best else None, "p99_ms": best["p99_ms"] if best else None,
                     **{k: best.get(k) if best else None for k in ("cpu_ms_per_request", "engine_cpu_ms_per_request",
                                                                   "other_cpu_ms_per_request")},
@@ -175,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="run only the soak and add it to an existing --out file as soak_<entries>")
     p.add_argument("--capacity-only", action="store_true",
                    help="run only the capacity sweep (with CPU per request) and merge it into an existing --out file")
+    p.add_argument("--precision", choices=("fp32", "int8"), default="fp32",
+                   help="the engine the capacity step serves (`headbudget serve` defaults to int8; fp32 is what the "
+                        "recorded runs used)")
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
     if not (a.model / "config.json").is_file() or not (a.data / "test.csv").is_file():
@@ -190,9 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         a.out.write_text(json.dumps(res, indent=2) + "\n")
         return 0
     res = {"model": str(a.model), "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"),
-                           "workers": a.workers, "target_p99_ms": a.target_p99_ms}
+                           "workers": a.workers, "target_p99_ms": a.target_p99_ms, "precision": a.precision}
     res["capacity"] = capacity(a.model, texts, a.workers, [float(b) for b in a.budgets.split(",")],
-                               a.target_p99_ms, a.step_seconds, [int(x) for x in a.levels.split(",")])
+                               a.target_p99_ms, a.step_seconds, [int(x) for x in a.levels.split(",")], a.precision)
     # What an operator pays for: the workers' CPU per answered request at the sustained level, by budget.
     res["cpu_per_request"] = [{"budget": c["budget"], "cpu_ms_per_request": c["cpu_ms_per_request"],
                                "engine_cpu_ms_per_request": c["engine_cpu_ms_per_request"],
