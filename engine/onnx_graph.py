@@ -188,7 +188,7 @@ class _Graph:
         else:
             sfx = "" if w == self.cfg.intermediate_size else f".n{w}"
             w1, b1, w2, w1_s, w1_z = p + "w1" + sfx, p + "b1" + sfx, p + "w2" + sfx, p + "w1_s" + sfx, "w1_z" + sfx
-        rows = w1_by_rows(self.cfg, self.precision)
+        rows = w1_by_rows(self.cfg)
         if rows and self.precision == "int8":  # the bias rides in BiasGelu: no Add over (B*N, w)
             h = self.op("BiasGelu", [self.rows_int8(x, w1, w1_s, w1_z), b1], domain=MS)  # (B*N, w)
         else:

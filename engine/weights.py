@@ -129,7 +129,7 @@ def quantize_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(q), scale
 
 
-def w1_by_rows(cfg: ModelConfig, precision: Precision) -> bool:
+def w1_by_rows(cfg: ModelConfig) -> bool:
     """Whether the store's W1 is (I, D), neurons as rows (whole-model budgets), rather than (D, I).
 
     A plan's neuron prefix is then a row view, so no budget needs a copy of W1. fp32 (ORT 1.32, one thread,
@@ -145,8 +145,7 @@ def w1_by_rows(cfg: ModelConfig, precision: Precision) -> bool:
     session; bought back in memory: the per-(layer, width) int8 copies of W1 were 21 MB over the 19 budgets of
     the AG News checkpoint, 45% of one dense int8 session (docs/results.md section 9).
     """
-    del precision  # both precisions: one layout, one rule
-    return cfg.gate.scope == "model"
+    return cfg.gate.scope == "model"  # both precisions: one layout, one rule
 
 
 def pack(state: Arrays, cfg: ModelConfig, policy: BudgetPolicy, precision: Precision) -> Arrays:
@@ -171,7 +170,7 @@ def pack(state: Arrays, cfg: ModelConfig, policy: BudgetPolicy, precision: Preci
         # The word table is most of the model (30522 x 384 fp32 = 47 MB for MiniLM): int8 rows with one
         # scale each, dequantized after the Gather (only the B*N gathered rows), as quantize_dynamic does.
         out["word"], out["word_s"] = quantize_rows(out["word"])
-        if w1_by_rows(cfg, precision):  # QGemm's per-neuron zero points (all 0, symmetric), sliced per width
+        if w1_by_rows(cfg):  # QGemm's per-neuron zero points (all 0, symmetric), sliced per width
             out["w1_z"] = np.zeros(cfg.intermediate_size, np.int8)
     for layer in range(cfg.n_layers):
         p = f"encoder.layers.{layer}."
@@ -195,7 +194,7 @@ def pack(state: Arrays, cfg: ModelConfig, policy: BudgetPolicy, precision: Preci
         if neuron_perms is not None:  # neurons in rank order: (I, D) rows, (I,) entries, (D, I) columns
             w1, b1, w2 = w1[neuron_perms[layer]], b1[neuron_perms[layer]], w2[:, neuron_perms[layer]]
         # W1 (D, I), or (I, D) where a neuron prefix must be a row view (w1_by_rows); W2 (I, D).
-        rows = w1_by_rows(cfg, precision)
+        rows = w1_by_rows(cfg)
         w1_t = np.ascontiguousarray(w1 if rows else w1.T)
         w2_t = np.ascontiguousarray(w2.T)
         for name, w in (("wo", wo_t), ("w1", w1_t), ("w2", w2_t)):

@@ -31,9 +31,9 @@ import torch
 from headbudget.experiments import baselines
 from headbudget.experiments.compare_measure import EngineFactory, engine_factory, measure_latency
 from headbudget.experiments.latency_placement import placement
-from headbudget.models.checkpoint import CONFIG, load_checkpoint, save_checkpoint
+from headbudget.models.checkpoint import load_checkpoint, save_checkpoint
 from headbudget.models.classifier import BudgetedClassifier
-from headbudget.models.tokenizer import TextEncoder
+from headbudget.models.tokenizer import TextEncoder, copy_tokenizer
 from headbudget.training.batches import tokenize
 from headbudget.training.data import load_data
 
@@ -44,10 +44,7 @@ def _save(model: BudgetedClassifier, source: Path, folder: Path, meta: dict[str,
     """``model`` as a checkpoint in ``folder`` with ``source``'s tokenizer and metadata (not its architecture)."""
     if folder.exists():
         shutil.rmtree(folder)
-    folder.mkdir(parents=True)
-    for p in source.iterdir():
-        if p.is_file() and p.name.startswith(("tokenizer", "special_tokens", "vocab")):
-            shutil.copy(p, folder / p.name)
+    copy_tokenizer(source, folder)
     return save_checkpoint(model, folder, {k: v for k, v in meta.items() if k not in _META_SKIP})
 
 
@@ -85,8 +82,7 @@ def retime(model_dir: Path, compare: dict[str, Any], work: Path, factory: Engine
     if sweep["n_examples"] != compare["n_test"] or abs(sweep["dense_accuracy"] - dense) > 1e-9:
         raise ValueError(f"{model_dir}/sweep.json is not of compare's lineage: {sweep['n_examples']} test texts, "
                          f"dense {sweep['dense_accuracy']:.4f} against {compare['n_test']}, {dense:.4f}")
-    model, _ = load_checkpoint(model_dir)
-    meta = json.loads((model_dir / CONFIG).read_text())
+    model, meta = load_checkpoint(model_dir)  # meta: the checkpoint's config.json
     c = model.cfg
     att_budgets = sorted(r["budget"] for r in results.values() if r["method"] == "attention-only")
     folders = {
