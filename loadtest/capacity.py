@@ -30,10 +30,10 @@ from headbudget.experiments.bench import cpu_name
 from headbudget.loadtest.service_bench import (
     CONFIG,
     Server,
+    bench_texts,
     closed_loop,
     cpu_per_request,
     free_port,
-    load_texts,
     server_cpu_s,
 )
 
@@ -181,10 +181,9 @@ def main(argv: list[str] | None = None) -> int:
                         "recorded runs used)")
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
-    if not (a.model / "config.json").is_file() or not (a.data / "test.csv").is_file():
-        print("capacity: error: need a checkpoint folder and a data folder with test.csv", file=sys.stderr)
+    texts = bench_texts("capacity", a.model, a.data, 500)
+    if texts is None:
         return 2
-    texts = load_texts(a.data, 500)
     if a.only_soak:
         res = json.loads(a.out.read_text()) if a.out.is_file() else {}
         r = soak(a.model, texts, a.workers, a.soak_users, a.soak_seconds, 10.0, a.soak_warmup_seconds,
