@@ -1,0 +1,95 @@
+"""Early-exit measurement: heads, costs, the engine running a plan cut to its first layers, bad input."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from headbudget.models.checkpoint import load_checkpoint
+from headbudget.models.plan import Shape
+
+
+def _data(folder: Path) -> Path:
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    words = {"positive": ["good", "great", "fine", "happy"], "negative": ["bad", "awful", "sad", "poor"]}
+    for name, n in (("train", 80), ("test", 30)):
+        with (folder / f"{name}.csv").open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["text", "label"])
+            for i in range(n):
+                label = ("positive", "negative")[i % 2]
+                w.writerow([" ".join(rng.choice(words[label], 5)) + " the movie", label])
+    return folder
+
+
+def test_fit_head_folds_the_standardization_and_separates() -> None:
+    from headbudget.experiments.exits import fit_head
+
+    rng = np.random.default_rng(1)
+    y = np.arange(200) % 2
+    x = rng.normal(size=(200, 8)) * 5.0 + 40.0
+    x[:, 3] += np.where(y == 1, 30.0, -30.0)  # one separating direction, far from the origin and badly scaled
+    w, b, wd = fit_head(x[:150], y[:150], x[150:], y[150:], 2)
+    assert w.shape == (2, 8) and b.shape == (2,) and wd > 0
+    assert ((x[150:] @ w.T + b).argmax(1) == y[150:]).all()
+
+
+def test_exits_are_measured_against_the_checkpoints_own_curve(tiny_model_scope_checkpoint: Path,
+                                                              tmp_path: Path) -> None:
+    from headbudget.experiments.exits import exit_cost, exit_plan, measure
+
+    data = _data(tmp_path / "data")
+    doc = measure(tiny_model_scope_checkpoint, str(data), [0.5, 1.0], [0.5, 1.0], 4, 1)
+    model, _ = load_checkpoint(tiny_model_scope_checkpoint)
+    cfg, policy = model.cfg, model.gates.policy()
+    assert [(r["depth"], r["width_budget"]) for r in doc["exits"]] == [
+        (d, w) for d in range(1, cfg.n_layers) for w in (0.5, 1.0)]
+    shape = Shape.of(cfg)
+    for r in doc["exits"]:
+        plan = policy.plan(r["width_budget"])
+        assert r["cost"] == pytest.approx(exit_cost(plan, r["depth"], shape, cfg.gate.ref_length))
+        # An exit runs a strict part of its width plan: cheaper than the plan, and the layers it runs.
+        assert 0.0 < r["cost"] < plan.cost(shape, cfg.gate.ref_length).ratio
+        assert exit_plan(plan, r["depth"]).heads == plan.heads[: r["depth"]]
+        assert 0.0 <= r["accuracy"] <= 1.0 and r["latency_ms"] > 0
+    assert [o["budget"] for o in doc["own"]] == [0.5, 1.0]
+    assert doc["n_test"] == 30
+
+
+def test_the_engine_runs_a_plan_cut_to_its_first_layers(tiny_model_scope_checkpoint: Path) -> None:
+    """What the exit timings run: the engine's graph for the first d layers equals the reference's layer d."""
+    from headbudget.engine.factory import load_engine
+    from headbudget.engine.types import EngineOptions
+    from headbudget.experiments.exits import exit_plan
+
+    model, _ = load_checkpoint(tiny_model_scope_checkpoint)
+    engine = load_engine(tiny_model_scope_checkpoint, EngineOptions(prepacked_budgets=()))
+    ids = np.asarray([[101, 2204, 3185, 2003, 102, 0]], np.int64)
+    mask = np.asarray([[1, 1, 1, 1, 1, 0]], np.int32)
+    for b in (0.3, 1.0):
+        plan = exit_plan(model.gates.policy().plan(b), 1)
+        runner = engine._whole(plan, prepack=True)  # noqa: SLF001
+        got = runner.run({"input_ids": runner.value(ids), "attention_mask": runner.value(mask)})
+        with torch.no_grad():
+            _, states = model.logits_and_states(torch.from_numpy(ids), torch.from_numpy(mask.astype(np.int64)),
+                                                None if b >= 1 else model.hard_gates(b))
+            m = torch.from_numpy(mask.astype(np.float32))[:, :, None]
+            ref = model.head((states[0] * m).sum(1) / m.sum(1)).numpy()
+        np.testing.assert_allclose(got, ref, atol=1e-4)
+
+
+def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from headbudget.experiments.exits import main
+
+    assert main(["--model", str(tmp_path / "none"), "--data", str(tmp_path), "--out", str(tmp_path / "o.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "\n" not in err
+    assert main(["--model", str(tmp_path), "--data", str(tmp_path), "--out", str(tmp_path / "o.json"),
+                 "--widths", "0,1"]) == 2
+    assert "(0, 1]" in capsys.readouterr().err
+    assert not (tmp_path / "o.json").exists()
