@@ -58,6 +58,22 @@ def layer_features(model: BudgetedClassifier, data: TokenizedSplit, gate: torch.
     return result
 
 
+def _logistic(x: torch.Tensor, y: torch.Tensor, n_labels: int, wd: float) -> torch.nn.Linear:
+    """Multinomial logistic regression with an L2 penalty ``wd``, fitted by L-BFGS in float64."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(x.shape[1], n_labels).double()
+    opt = torch.optim.LBFGS(lin.parameters(), max_iter=200, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(lin(x.double()), y) + wd * lin.weight.pow(2).sum()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return lin
+
+
 def fit_head(x: np.ndarray, y: np.ndarray, x_val: np.ndarray, y_val: np.ndarray,
              n_labels: int) -> tuple[np.ndarray, np.ndarray, float]:
     """A linear head (W (C, D), b (C,)) on standardized features, L2 chosen on validation; returns W, b, wd."""
@@ -65,17 +81,7 @@ def fit_head(x: np.ndarray, y: np.ndarray, x_val: np.ndarray, y_val: np.ndarray,
     xt, yt = torch.from_numpy((x - mu) / sd), torch.from_numpy(y)
     best: tuple[float, np.ndarray, np.ndarray, float] = (-1.0, np.zeros(0), np.zeros(0), 0.0)
     for wd in WEIGHT_DECAYS:
-        torch.manual_seed(0)
-        lin = torch.nn.Linear(x.shape[1], n_labels).double()
-        opt = torch.optim.LBFGS(lin.parameters(), max_iter=200, line_search_fn="strong_wolfe")
-
-        def closure() -> torch.Tensor:
-            opt.zero_grad()
-            loss = torch.nn.functional.cross_entropy(lin(xt.double()), yt) + wd * lin.weight.pow(2).sum()
-            loss.backward()
-            return loss
-
-        opt.step(closure)
+        lin = _logistic(xt, yt, n_labels, wd)
         w = lin.weight.detach().numpy() / sd  # fold the standardization in: W' x + b' = W (x - mu) / sd + b
         b = lin.bias.detach().numpy() - w @ mu
         acc = float(((x_val @ w.T + b).argmax(1) == y_val).mean())
