@@ -31,6 +31,7 @@ import torch
 from headbudget.experiments import baselines
 from headbudget.experiments.compare_measure import EngineFactory, engine_factory, measure_latency
 from headbudget.experiments.latency_placement import placement
+from headbudget.experiments.script_output import write_doc
 from headbudget.models.checkpoint import load_checkpoint, save_checkpoint
 from headbudget.models.classifier import BudgetedClassifier
 from headbudget.models.tokenizer import TextEncoder, copy_tokenizer
@@ -136,8 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    doc["command"] = "python -m headbudget.experiments.compare_retime " + " ".join(sys.argv[1:] if argv is None else argv)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_doc(doc, args.out, "compare_retime", argv)
     for row in doc["placement"]:
         print(f"{row['method']:>15} b={row['budget']:.2f} {row['latency_ms_mean']:.2f} ms acc {100 * row['accuracy_mean']:.2f}"
               f"  budgeted there {100 * row['budgeted_accuracy_mean']:.2f}  diff {100 * row['difference_mean']:+.2f}"

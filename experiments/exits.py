@@ -30,6 +30,7 @@ import torch
 from headbudget.engine.factory import load_engine
 from headbudget.engine.types import EngineOptions
 from headbudget.experiments.latency_placement import at_latency
+from headbudget.experiments.script_output import write_doc
 from headbudget.models.checkpoint import load_checkpoint
 from headbudget.models.classifier import BudgetedClassifier
 from headbudget.models.plan import ExecutionPlan, Shape
@@ -185,8 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    doc["command"] = "python -m headbudget.experiments.exits " + " ".join(sys.argv[1:] if argv is None else argv)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_doc(doc, args.out, "exits", argv)
     for r in doc["exits"]:
         there = r["own_accuracy_at_latency"]
         print(f"exit {r['depth']} width {r['width_budget']:.2f}: cost {r['cost']:.3f} {r['latency_ms']:.2f} ms "

@@ -93,3 +93,18 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
                  "--widths", "0,1"]) == 2
     assert "(0, 1]" in capsys.readouterr().err
     assert not (tmp_path / "o.json").exists()
+
+
+def test_the_script_writes_its_document_with_the_command(tiny_model_scope_checkpoint: Path, tmp_path: Path) -> None:
+    import json
+
+    from headbudget.experiments.exits import main
+
+    data, out = _data(tmp_path / "data"), tmp_path / "exits.json"
+    argv = ["--model", str(tiny_model_scope_checkpoint), "--data", str(data), "--out", str(out), "--widths", "1.0",
+            "--budgets", "0.5,1.0", "--latency-texts", "3", "--latency-repeats", "1"]
+    assert main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert doc["command"] == "python -m headbudget.experiments.exits " + " ".join(argv)
+    assert [(r["depth"], r["width_budget"]) for r in doc["exits"]] == [(1, 1.0)]  # the 2-layer model's one exit
+    assert doc["latency"]["texts"] == 3
