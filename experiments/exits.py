@@ -118,6 +118,24 @@ def time_plans(model_dir: Path, plans: dict[str, ExecutionPlan], test: Tokenized
     return {name: float(np.median(t[1:])) for name, t in times.items()}
 
 
+def cross_fitted(correct: dict[str, tuple[float, np.ndarray]], budget: float, exits: bool) -> dict[str, Any]:
+    """The plan costing at most what ``own@budget`` costs that is most accurate on one half of the test texts, scored on the other
+    half, both ways round: what a schedule chosen on a held-out set of that size would get, without scoring any
+    text with a choice it made. ``exits`` False: the checkpoint's own plans only (the selection effect alone)."""
+    # Within the multiply-adds of the checkpoint's own plan at the budget (which counts the classifier too).
+    limit = correct[f"own@{budget:.2f}"][0] + 1e-9
+    fit = sorted(k for k, (cost, _) in correct.items() if cost <= limit and (exits or k.startswith("own@")))
+    n = len(correct[fit[0]][1])
+    perm = np.random.default_rng(0).permutation(n)
+    halves = (perm[: n // 2], perm[n // 2:])
+    picks, hits = [], 0
+    for pick_on, score_on in (halves, halves[::-1]):
+        best = max(fit, key=lambda k: float(correct[k][1][pick_on].mean()))
+        picks.append(best)
+        hits += int(correct[best][1][score_on].sum())
+    return {"picks": picks, "accuracy": hits / n}
+
+
 def measure(model_dir: Path, data: str, widths: list[float], budgets: list[float], n_texts: int,
             repeats: int) -> dict[str, Any]:
     """The exit plans' cost, accuracy and latency against the checkpoint's own budgets (one JSON document)."""
@@ -132,6 +150,7 @@ def measure(model_dir: Path, data: str, widths: list[float], budgets: list[float
     shape, n_ref = Shape.of(cfg), cfg.gate.ref_length
     feats: dict[float, dict[str, np.ndarray]] = {}
     own: dict[float, dict[str, float]] = {}
+    correct: dict[str, tuple[float, np.ndarray]] = {}  # plan name -> (cost, per-test-text correctness)
     for b in sorted(set(widths) | set(budgets)):
         gate = None if b >= 1.0 else model.hard_gates(b)
         names = ("train", "validation", "test") if b in widths else ("validation", "test")  # heads fit on widths
@@ -139,6 +158,10 @@ def measure(model_dir: Path, data: str, widths: list[float], budgets: list[float
         with torch.no_grad():
             own[b] = {name: float((model.head(torch.from_numpy(feats[b][name][:, -1])).numpy().argmax(1)
                                    == split[name].labels).mean()) for name in ("validation", "test")}
+            if b in budgets:
+                logits = model.head(torch.from_numpy(feats[b]["test"][:, -1])).numpy()
+                correct[f"own@{b:.2f}"] = (policy.plan(b).cost(shape, n_ref).ratio,
+                                           logits.argmax(1) == split["test"].labels)
     rows: list[dict[str, Any]] = []
     for depth in range(1, cfg.n_layers):
         x = np.concatenate([feats[w]["train"][:, depth - 1] for w in widths])
@@ -147,10 +170,12 @@ def measure(model_dir: Path, data: str, widths: list[float], budgets: list[float
         yv = np.concatenate([split["validation"].labels] * len(widths))
         w_head, b_head, wd = fit_head(x, y, xv, yv, cfg.n_labels)
         for w in widths:
-            acc = {name: float(((feats[w][name][:, depth - 1] @ w_head.T + b_head).argmax(1)
-                                == split[name].labels).mean()) for name in ("validation", "test")}
-            rows.append({"depth": depth, "width_budget": w, "cost": exit_cost(policy.plan(w), depth, shape, n_ref),
-                         "weight_decay": wd, "accuracy_val": acc["validation"], "accuracy": acc["test"]})
+            hit = {name: (feats[w][name][:, depth - 1] @ w_head.T + b_head).argmax(1) == split[name].labels
+                   for name in ("validation", "test")}
+            cost = exit_cost(policy.plan(w), depth, shape, n_ref)
+            correct[f"exit{depth}@{w:.2f}"] = (cost, hit["test"])
+            rows.append({"depth": depth, "width_budget": w, "cost": cost, "weight_decay": wd,
+                         "accuracy_val": float(hit["validation"].mean()), "accuracy": float(hit["test"].mean())})
     plans = {f"own@{b:.2f}": policy.plan(b) for b in budgets}
     plans |= {f"exit{r['depth']}@{r['width_budget']:.2f}": exit_plan(policy.plan(r["width_budget"]), r["depth"])
               for r in rows}
@@ -163,7 +188,10 @@ def measure(model_dir: Path, data: str, widths: list[float], budgets: list[float
     return {"model": str(model_dir), "data": data, "n_test": len(split["test"]), "widths": widths,
             "own": [{**c, "cost": policy.plan(c["budget"]).cost(shape, n_ref).ratio,
                      "accuracy_val": own[c["budget"]]["validation"]} for c in curve],
-            "exits": rows, "latency": {"texts": n_texts, "repeats": repeats, "precision": "fp32", "threads": 1}}
+            "exits": rows, "schedules": [{"budget": b, "own": own[b]["test"],
+                                          "own_only": cross_fitted(correct, b, exits=False),
+                                          "with_exits": cross_fitted(correct, b, exits=True)} for b in budgets],
+            "latency": {"texts": n_texts, "repeats": repeats, "precision": "fp32", "threads": 1}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,6 +39,26 @@ def test_fit_head_folds_the_standardization_and_separates() -> None:
     assert ((x[150:] @ w.T + b).argmax(1) == y[150:]).all()
 
 
+def test_cross_fitted_choice_respects_cost_and_scores_out_of_fold() -> None:
+    from headbudget.experiments.exits import cross_fitted
+
+    rng = np.random.default_rng(2)
+    own = rng.random(400) < 0.6
+    exit3 = rng.random(400) < 0.8
+    correct = {"own@0.50": (0.499, own), "exit3@1.00": (0.45, exit3), "exit4@1.00": (0.667, np.ones(400, bool))}
+    got = cross_fitted(correct, 0.5, exits=True)
+    assert got["picks"] == ["exit3@1.00"] * 2  # the perfect plan costs too much
+    assert got["accuracy"] == pytest.approx(exit3.mean())
+    only = cross_fitted(correct, 0.5, exits=False)
+    assert only["picks"] == ["own@0.50"] * 2 and only["accuracy"] == pytest.approx(own.mean())
+    # A plan that looks best on one half is scored on the other half only: luck on the picking half does not count.
+    half = np.zeros(400, bool)
+    perm = np.random.default_rng(0).permutation(400)
+    half[perm[:200]] = True  # right on exactly the first half's texts, wrong on the second
+    got = cross_fitted({"own@0.50": (0.499, own), "exit2@1.00": (0.3, half)}, 0.5, exits=True)
+    assert got["picks"][0] == "exit2@1.00" and got["accuracy"] < own.mean()
+
+
 def test_exits_are_measured_against_the_checkpoints_own_curve(tiny_model_scope_checkpoint: Path,
                                                               tmp_path: Path) -> None:
     from headbudget.experiments.exits import exit_cost, exit_plan, measure
@@ -58,6 +78,9 @@ def test_exits_are_measured_against_the_checkpoints_own_curve(tiny_model_scope_c
         assert exit_plan(plan, r["depth"]).heads == plan.heads[: r["depth"]]
         assert 0.0 <= r["accuracy"] <= 1.0 and r["latency_ms"] > 0
     assert [o["budget"] for o in doc["own"]] == [0.5, 1.0]
+    for sched in doc["schedules"]:
+        assert all(k.startswith("own@") for k in sched["own_only"]["picks"])
+        assert 0.0 <= sched["with_exits"]["accuracy"] <= 1.0
     assert doc["n_test"] == 30
 
 
