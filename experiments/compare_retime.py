@@ -31,7 +31,7 @@ import torch
 from headbudget.experiments import baselines
 from headbudget.experiments.compare_measure import EngineFactory, engine_factory, measure_latency
 from headbudget.experiments.latency_placement import placement
-from headbudget.experiments.script_output import write_doc
+from headbudget.experiments.script_output import check_out, write_doc
 from headbudget.models.checkpoint import load_checkpoint, save_checkpoint
 from headbudget.models.classifier import BudgetedClassifier
 from headbudget.models.tokenizer import TextEncoder, copy_tokenizer
@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency-repeats", type=int, default=5)
     args = p.parse_args(argv)
     try:
+        check_out(args.out)
         compare = json.loads(args.compare.read_text())
         if compare.get("scope") != "model":
             raise ValueError(f"{args.compare} is not a --scope model comparison")

@@ -30,7 +30,7 @@ import torch
 from headbudget.engine.factory import load_engine
 from headbudget.engine.types import EngineOptions
 from headbudget.experiments.latency_placement import at_latency
-from headbudget.experiments.script_output import write_doc
+from headbudget.experiments.script_output import check_out, write_doc
 from headbudget.models.checkpoint import load_checkpoint
 from headbudget.models.classifier import BudgetedClassifier
 from headbudget.models.plan import ExecutionPlan, Shape
@@ -206,8 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency-repeats", type=int, default=5)
     args = p.parse_args(argv)
     try:
-        widths = [float(w) for w in args.widths.split(",")]
-        budgets = [float(b) for b in args.budgets.split(",")]
+        check_out(args.out)
+        try:
+            widths = [float(w) for w in args.widths.split(",")]
+            budgets = [float(b) for b in args.budgets.split(",")]
+        except ValueError:
+            raise ValueError(f"--widths and --budgets take comma-separated numbers, got {args.widths!r}, "
+                             f"{args.budgets!r}") from None
         if not all(0.0 < b <= 1.0 for b in widths + budgets):
             raise ValueError("--widths and --budgets take budgets in (0, 1]")
         doc = measure(args.model, args.data, widths, budgets, args.latency_texts, args.latency_repeats)

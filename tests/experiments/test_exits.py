@@ -115,6 +115,13 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert main(["--model", str(tmp_path), "--data", str(tmp_path), "--out", str(tmp_path / "o.json"),
                  "--widths", "0,1"]) == 2
     assert "(0, 1]" in capsys.readouterr().err
+    assert main(["--model", str(tmp_path), "--data", str(tmp_path), "--out", str(tmp_path / "o.json"),
+                 "--widths", "abc"]) == 2
+    assert "comma-separated numbers" in capsys.readouterr().err
+    # A folder that does not exist is refused before minutes of measuring, not with a traceback after them.
+    assert main(["--model", str(tmp_path), "--data", str(tmp_path), "--out", str(tmp_path / "nodir" / "o.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "does not exist" in err and "\n" not in err
     assert not (tmp_path / "o.json").exists()
 
 
