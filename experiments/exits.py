@@ -48,11 +48,7 @@ def layer_features(model: BudgetedClassifier, data: TokenizedSplit, gate: torch.
     out = []
     for ids, mask, _ in batches(data, 128, torch.device("cpu")):
         _, states = model.logits_and_states(ids, mask, gate)
-        if model.cfg.pooling == "cls":
-            out.append(torch.stack([s[:, 0] for s in states], 1))
-        else:
-            m = mask.to(states[0].dtype)[:, :, None]  # (B, N, 1)
-            out.append(torch.stack([(s * m).sum(1) / m.sum(1).clamp_min(1.0) for s in states], 1))  # (B, L, D)
+        out.append(torch.stack([model.pool(s, mask) for s in states], 1))  # (B, L, D)
     feats = torch.cat(out).numpy()
     result = np.empty_like(feats)
     result[order_for_eval(data)] = feats
@@ -119,9 +115,10 @@ def time_plans(model_dir: Path, plans: dict[str, ExecutionPlan], test: Tokenized
 
 
 def cross_fitted(correct: dict[str, tuple[float, np.ndarray]], budget: float, exits: bool) -> dict[str, Any]:
-    """The plan costing at most what ``own@budget`` costs that is most accurate on one half of the test texts, scored on the other
-    half, both ways round: what a schedule chosen on a held-out set of that size would get, without scoring any
-    text with a choice it made. ``exits`` False: the checkpoint's own plans only (the selection effect alone)."""
+    """The plan costing at most what ``own@budget`` costs that is most accurate on one half of the test texts,
+    scored on the other half, both ways round: what a schedule chosen on a held-out set of that size would get,
+    without scoring any text with a choice it made. ``exits`` False: the checkpoint's own plans only (the
+    selection effect alone)."""
     # Within the multiply-adds of the checkpoint's own plan at the budget (which counts the classifier too).
     limit = correct[f"own@{budget:.2f}"][0] + 1e-9
     fit = sorted(k for k, (cost, _) in correct.items() if cost <= limit and (exits or k.startswith("own@")))
@@ -156,12 +153,11 @@ def measure(model_dir: Path, data: str, widths: list[float], budgets: list[float
         names = ("train", "validation", "test") if b in widths else ("validation", "test")  # heads fit on widths
         feats[b] = {name: layer_features(model, split[name], gate) for name in names}
         with torch.no_grad():
-            own[b] = {name: float((model.head(torch.from_numpy(feats[b][name][:, -1])).numpy().argmax(1)
-                                   == split[name].labels).mean()) for name in ("validation", "test")}
-            if b in budgets:
-                logits = model.head(torch.from_numpy(feats[b]["test"][:, -1])).numpy()
-                correct[f"own@{b:.2f}"] = (policy.plan(b).cost(shape, n_ref).ratio,
-                                           logits.argmax(1) == split["test"].labels)
+            hit = {name: model.head(torch.from_numpy(feats[b][name][:, -1])).numpy().argmax(1) == split[name].labels
+                   for name in ("validation", "test")}
+        own[b] = {name: float(h.mean()) for name, h in hit.items()}
+        if b in budgets:
+            correct[f"own@{b:.2f}"] = (policy.plan(b).cost(shape, n_ref).ratio, hit["test"])
     rows: list[dict[str, Any]] = []
     for depth in range(1, cfg.n_layers):
         x = np.concatenate([feats[w]["train"][:, depth - 1] for w in widths])
@@ -186,7 +182,7 @@ def measure(model_dir: Path, data: str, widths: list[float], budgets: list[float
         there = at_latency([(c["budget"], c["latency_ms"], c["accuracy"]) for c in curve], r["latency_ms"])
         r["own_accuracy_at_latency"] = None if there is None else there["accuracy"]
     return {"model": str(model_dir), "data": data, "n_test": len(split["test"]), "widths": widths,
-            "own": [{**c, "cost": policy.plan(c["budget"]).cost(shape, n_ref).ratio,
+            "own": [{**c, "cost": correct[f"own@{c['budget']:.2f}"][0],
                      "accuracy_val": own[c["budget"]]["validation"]} for c in curve],
             "exits": rows, "schedules": [{"budget": b, "own": own[b]["test"],
                                           "own_only": cross_fitted(correct, b, exits=False),

@@ -104,12 +104,8 @@ class AdaptiveClassifier(BudgetedClassifier):
             x = layer.ffn_norm(x + layer.dropout(layer.ffn_out(F.gelu(layer.intermediate(x)))))
             aux.append(out.aux_loss)
             usage.append(out.usage)
-        if self.cfg.pooling == "cls":
-            pooled = x[:, 0]  # (B, D)
-        else:
-            pooled = masked_mean(x, attention_mask.to(x.dtype))
         stacked = {k: torch.stack([u[k] for u in usage], dim=1) for k in usage[0]}
-        return AdaptiveOutput(self.head(pooled), torch.stack(aux).mean(), stacked)
+        return AdaptiveOutput(self.head(self.pool(x, attention_mask)), torch.stack(aux).mean(), stacked)
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, head_gate: torch.Tensor | None = None

@@ -79,13 +79,14 @@ class BudgetedClassifier(nn.Module):
         if head_gate is not None and head_gate.dim() == 2:
             head_gate = head_gate.expand(input_ids.shape[0], -1, -1)
         states = self.encoder.layer_states(input_ids, attention_mask, head_gate)
-        h = states[-1]  # (B, N, D)
+        return self.head(self.pool(states[-1], attention_mask)), states
+
+    def pool(self, h: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Hidden states (B, N, D) -> (B, D): the [CLS] vector, or the mean over real tokens."""
         if self.cfg.pooling == "cls":
-            pooled = h[:, 0]
-        else:
-            m = attention_mask.to(h.dtype)[:, :, None]  # (B, N, 1)
-            pooled = (h * m).sum(1) / m.sum(1).clamp_min(1.0)
-        return self.head(pooled), states
+            return h[:, 0]
+        m = attention_mask.to(h.dtype)[:, :, None]  # (B, N, 1)
+        return (h * m).sum(1) / m.sum(1).clamp_min(1.0)
 
     def head(self, pooled: torch.Tensor) -> torch.Tensor:
         """Pooled vectors (B, D) -> logits (B, C): the optional pooler layer, dropout, the linear classifier."""
