@@ -193,6 +193,8 @@ def _stage_loss(
         s_logits = model(ids, mask, model.hard_gates(b))  # the fixed pruning mask; gates are frozen
         return distillation_loss(s_logits, t_logits, y, recipe.distill_alpha, recipe.distill_temperature)
     budgets = (1.0, recipe.b_min, b) if recipe.sandwich else (b,)
+    if recipe.fused_sandwich and len(budgets) > 1:
+        return _fused_stage_loss(model, stage, recipe, ids, mask, y, budgets, teacher)
     if stage == "budget":
         gates = model.soft_gates(torch.tensor(budgets, device=ids.device))  # (n_budgets, L, U)
         losses = [F.cross_entropy(model(ids, mask, gates[i]), y) + budget_losses(model, gates[i:i + 1], bi, recipe)
@@ -214,11 +216,49 @@ def _stage_loss(
         # Straight-through: the forward pass uses the serving mask (same crossing-budget ranking), the
         # backward pass reaches the gate parameters through g(b).
         s_logits, s_states = model.logits_and_states(ids, mask, model.ste_gates(bt)[0])
-        loss = distillation_loss(s_logits, t_logits, y, recipe.distill_alpha, recipe.distill_temperature)
-        if recipe.hidden_distill > 0:
-            real = mask.to(s_logits.dtype)[:, :, None]  # (B, N, 1): the error counts real tokens only
-            mse = [(((s - t) ** 2) * real).sum() / (real.sum() * s.shape[-1]) for s, t in zip(s_states, t_states,
-                                                                                              strict=True)]
-            loss = loss + recipe.hidden_distill * torch.stack(mse).mean()
-        losses.append(loss)
+        losses.append(_hard_loss(s_logits, s_states, t_logits, t_states, mask, y, recipe))
     return torch.stack(losses).mean()
+
+
+def _hard_loss(
+    s_logits: torch.Tensor, s_states: list[torch.Tensor], t_logits: torch.Tensor, t_states: list[torch.Tensor],
+    mask: torch.Tensor, y: torch.Tensor, recipe: Recipe,
+) -> torch.Tensor:
+    """Stage 3's loss at one budget: distillation on the logits, plus the hidden-state term if the recipe has one."""
+    loss = distillation_loss(s_logits, t_logits, y, recipe.distill_alpha, recipe.distill_temperature)
+    if recipe.hidden_distill > 0:
+        real = mask.to(s_logits.dtype)[:, :, None]  # (B, N, 1): the error counts real tokens only
+        mse = [(((s - t) ** 2) * real).sum() / (real.sum() * s.shape[-1]) for s, t in zip(s_states, t_states,
+                                                                                          strict=True)]
+        loss = loss + recipe.hidden_distill * torch.stack(mse).mean()
+    return loss
+
+
+def _fused_stage_loss(
+    model: BudgetedClassifier, stage: Stage, recipe: Recipe, ids: torch.Tensor, mask: torch.Tensor,
+    y: torch.Tensor, budgets: tuple[float, ...], teacher: BudgetedClassifier | None,
+) -> torch.Tensor:
+    """The sandwich's loss from one forward pass: the batch repeated once per budget, each copy with its gates."""
+    nb, bsz = len(budgets), ids.shape[0]
+    ids_r, mask_r = ids.repeat(nb, 1), mask.repeat(nb, 1)  # (nb*B, N): copy i runs at budgets[i]
+    bt = torch.tensor(budgets, device=ids.device)
+    if stage == "budget":
+        gates = model.soft_gates(bt)  # (nb, L, U)
+        logits = model(ids_r, mask_r, gates.repeat_interleave(bsz, dim=0)).split(bsz)
+        return torch.stack([F.cross_entropy(logits[i], y) + budget_losses(model, gates[i:i + 1], bi, recipe)
+                            for i, bi in enumerate(budgets)]).mean()
+    assert teacher is not None, "hard adaptation distils from the frozen stage-2 (or dense) model"
+    with torch.no_grad():
+        if recipe.hard_teacher == "dense":
+            t_one, t_st = teacher.logits_and_states(ids, mask)
+            t_logits, t_states = [t_one] * nb, [t_st] * nb
+        else:
+            t_all, t_st_all = teacher.logits_and_states(
+                ids_r, mask_r, teacher.soft_gates(bt).repeat_interleave(bsz, dim=0))
+            t_logits = list(t_all.split(bsz))
+            t_states = [[s.split(bsz)[i] for s in t_st_all] for i in range(nb)]
+    s_all, s_st_all = model.logits_and_states(ids_r, mask_r, model.ste_gates(bt).repeat_interleave(bsz, dim=0))
+    s_logits = s_all.split(bsz)
+    return torch.stack([
+        _hard_loss(s_logits[i], [s.split(bsz)[i] for s in s_st_all], t_logits[i], t_states[i], mask, y, recipe)
+        for i in range(nb)]).mean()

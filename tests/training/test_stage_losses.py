@@ -95,3 +95,22 @@ def test_hard_stage_with_the_dense_teacher_trains_from_a_finished_stage_2(
     meta = json.loads((out / "config.json").read_text())
     assert meta["recipe"]["hard_teacher"] == "dense" and meta["recipe"]["sandwich"] is True
     assert meta["stages"]["hard"]["steps"] > 0 and meta["stages"]["hard"]["best_val"] > 0.5
+
+
+@pytest.mark.parametrize("stage,teacher_kind", [("budget", None), ("hard", "dense"), ("hard", "soft")])
+def test_the_fused_sandwich_computes_the_same_loss_in_one_pass(stage: str, teacher_kind: str | None) -> None:
+    model, other = _model(0), _model(1)
+    ids, mask, y = _batch()
+    mask[1, 7:] = 0  # a padded text: the repeated copies must keep their own masks
+    recipe = get_recipe("smoke", sandwich=True, hidden_distill=0.5, hard_teacher=teacher_kind or "soft")
+    teacher = other if teacher_kind else None
+    three = _stage_loss(model, stage, recipe, ids, mask, y, 0.4, teacher)  # type: ignore[arg-type]
+    fused = _stage_loss(model, stage, replace(recipe, fused_sandwich=True), ids, mask, y, 0.4, teacher)  # type: ignore[arg-type]
+    assert fused.item() == pytest.approx(three.item(), rel=1e-5)
+    # And the gradient reaches the gates the same way (straight-through in stage 3, soft in stage 2).
+    g_three = torch.autograd.grad(three, model.gates.logit)[0]
+    g_fused = torch.autograd.grad(
+        _stage_loss(model, stage, replace(recipe, fused_sandwich=True), ids, mask, y, 0.4, teacher),  # type: ignore[arg-type]
+        model.gates.logit)[0]
+    torch.testing.assert_close(g_fused, g_three, rtol=1e-4, atol=1e-7)
+    assert g_three.abs().sum() > 0
