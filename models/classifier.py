@@ -65,21 +65,65 @@ class BudgetedClassifier(nn.Module):
         # Only checkpoints converted from a fine-tuned Hugging Face classifier carry one (cfg.pooler).
         self.pooler = nn.Linear(cfg.hidden_size, cfg.hidden_size) if cfg.pooler != "none" else None
         self.gates = GateController(cfg)
+        # One linear head per exit depth (cfg.gate.exits): a plan that stops at layer d answers with it.
+        self.exits = nn.ModuleList(nn.Linear(cfg.hidden_size, cfg.n_labels) for _ in cfg.gate.exits)
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, head_gate: torch.Tensor | None = None
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, head_gate: torch.Tensor | None = None,
+        depth: int | torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """input_ids, attention_mask (B, N); head_gate (B, L, U), (L, U) or None (dense) -> logits (B, C)."""
-        return self.logits_and_states(input_ids, attention_mask, head_gate)[0]
+        """input_ids, attention_mask (B, N); head_gate (B, L, U), (L, U) or None (dense) -> logits (B, C).
+
+        ``depth``: the layers run before answering (an int, (B,) per text, or None: all), as ``depth_of`` gives.
+        """
+        return self.logits_and_states(input_ids, attention_mask, head_gate, depth)[0]
 
     def logits_and_states(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, head_gate: torch.Tensor | None = None
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, head_gate: torch.Tensor | None = None,
+        depth: int | torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """As ``forward``, plus every layer's hidden states (L tensors (B, N, D)) for hidden-state distillation."""
+        """As ``forward``, plus the hidden states of the layers run (tensors (B, N, D)) for hidden-state distillation."""
         if head_gate is not None and head_gate.dim() == 2:
             head_gate = head_gate.expand(input_ids.shape[0], -1, -1)
-        states = self.encoder.layer_states(input_ids, attention_mask, head_gate)
-        return self.head(self.pool(states[-1], attention_mask)), states
+        n_layers = self.cfg.n_layers
+        if isinstance(depth, torch.Tensor):
+            depths = sorted({int(d) for d in depth.tolist()})
+            if depths == [n_layers]:
+                depth = None
+            elif len(depths) == 1:
+                depth = depths[0]
+        if depth is None or isinstance(depth, int):
+            states = self.encoder.layer_states(input_ids, attention_mask, head_gate, depth)
+            return self.answer(states[-1], attention_mask, len(states)), states
+        states = self.encoder.layer_states(input_ids, attention_mask, head_gate, depths[-1])
+        parts = [self.answer(states[d - 1], attention_mask, d) for d in depths]  # each (B, C)
+        pick = torch.stack(parts)  # (n_depths, B, C): each text takes the answer at its own depth
+        index = torch.as_tensor([depths.index(int(d)) for d in depth.tolist()], device=pick.device)
+        return pick[index, torch.arange(pick.shape[1], device=pick.device)], states
+
+    def answer(self, h: torch.Tensor, attention_mask: torch.Tensor, depth: int) -> torch.Tensor:
+        """Logits (B, C) from layer ``depth``'s output (B, N, D): the exit's head there, or the classifier on top."""
+        pooled = self.pool(h, attention_mask)
+        if depth == self.cfg.n_layers:
+            return self.head(pooled)
+        return self.exits[self.cfg.gate.exits.index(depth)](self.dropout(pooled))  # ValueError: no exit there
+
+    @torch.no_grad()
+    def init_exits(self) -> None:
+        """Every exit head becomes a copy of the classifier: a start that already reads pooled states."""
+        for head in self.exits:
+            head.weight.copy_(self.classifier.weight)
+            head.bias.copy_(self.classifier.bias)
+
+    def hard_depth(self, budget: float) -> int | None:
+        """Layers the budget's plan runs when it stops at an exit; None when it runs every layer."""
+        return self.gates.policy().plan(budget).depth if self.cfg.gate.exits else None
+
+    def depth_of(self, budgets: list[float] | tuple[float, ...]) -> torch.Tensor:
+        """Layers each budget's plan runs, (n,) int64 (n_layers where it stops at no exit)."""
+        policy = self.gates.policy()
+        n = self.cfg.n_layers
+        return torch.as_tensor([policy.plan(b).depth or n for b in budgets], dtype=torch.int64)
 
     def pool(self, h: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Hidden states (B, N, D) -> (B, D): the [CLS] vector, or the mean over real tokens."""

@@ -28,6 +28,11 @@ class GateConfig:
     # cost in steps of the same size; 1536 / 64 = 24 groups per layer.
     ffn_group: int = 64
     ref_length: int = 128  # unit costs are taken here, so a budget's plan does not depend on the text
+    # Layer skipping (whole-model scope): depths with an exit classifier. With exits (3,), budgets fill layers
+    # 0-2 in crossing order before any unit of layers 3+ is kept, and a plan whose units all lie below an exit
+    # stops there and answers with that exit's head, so its upper layers' LayerNorms and the rest of their
+    # fixed work are not run either. Every budget is still a prefix of one keep sequence: nested in all units.
+    exits: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.scope not in SCOPES:
@@ -36,6 +41,10 @@ class GateConfig:
             raise ValueError("structural mode (a head in every layer) is for the attention scope only")
         if self.ffn_group < 1 or self.ref_length < 1:
             raise ValueError(f"ffn_group and ref_length must be positive, got {self.ffn_group}, {self.ref_length}")
+        if self.exits and self.scope != "model":
+            raise ValueError("exits (layer skipping) are for the whole-model scope")
+        if list(self.exits) != sorted(set(self.exits)) or any(e < 1 for e in self.exits):
+            raise ValueError(f"exits must be increasing positive depths, got {list(self.exits)}")
 
 
 MODEL_TYPES: tuple[str, ...] = tuple(REGISTRY)  # models/model_types.py: what each type is
@@ -120,6 +129,10 @@ class ModelConfig:
             raise ValueError(f"unknown pooling {self.pooling!r}")
         if self.pooler not in POOLERS:
             raise ValueError(f"unknown pooler {self.pooler!r}; one of {', '.join(POOLERS)}")
+        if self.gate.exits and self.gate.exits[-1] >= self.n_layers:
+            raise ValueError(f"exit depths must be below n_layers {self.n_layers}, got {list(self.gate.exits)}")
+        if self.gate.exits and self.pooler != "none":
+            raise ValueError("exits read the pooled vector directly: a checkpoint with a pooler layer has none")
         if self.gate.scope == "model" and self.intermediate_size % self.gate.ffn_group:
             raise ValueError(f"ffn_group {self.gate.ffn_group} does not divide intermediate_size {self.intermediate_size}")
 
@@ -165,6 +178,8 @@ class ModelConfig:
             known_here = {f.name for f in fields(kind)}
             if set(section) - known_here:
                 raise ValueError(f"unknown {name} config fields: {sorted(set(section) - known_here)}")
+            if name == "gate" and "exits" in section:
+                section = {**section, "exits": tuple(int(e) for e in section["exits"])}
             sections[name] = kind(**section)
         if "labels" in d:
             d["labels"] = tuple(str(x) for x in d["labels"])

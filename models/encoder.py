@@ -73,14 +73,16 @@ class Encoder(nn.Module):
         return self.layer_states(input_ids, attention_mask, head_gate)[-1]
 
     def layer_states(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, head_gate: torch.Tensor | None = None
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, head_gate: torch.Tensor | None = None,
+        depth: int | None = None,
     ) -> list[torch.Tensor]:
-        """Every layer's output, L tensors (B, N, D): what hidden-state distillation compares."""
+        """The first ``depth`` (all: None) layers' outputs, tensors (B, N, D): what hidden-state distillation
+        compares and what exits read."""
         x = self.embeddings(input_ids)
         # Additive bias: 0 for real tokens, a large negative number for padding; (B, 1, 1, N).
         attn_bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
         states = []
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.layers[:depth]):
             x = layer(x, attn_bias, None if head_gate is None else head_gate[:, i])
             states.append(x)
         return states

@@ -93,11 +93,20 @@ class ExecutionPlan:
     heads: tuple[int, ...]
     n_heads: int  # heads per layer in the model
     ffn: tuple[int, ...] | None = None  # neurons per layer; None: every neuron (attention-scope budgets)
+    # Layers run, when the plan stops at an exit (every layer from ``depth`` on keeps no unit and is skipped,
+    # and the exit's own head answers); None: every layer, and the model's classifier.
+    depth: int | None = None
 
     @property
     def key(self) -> Hashable:
         """Requests whose plans have equal keys run the same computation, so they can share a batch."""
-        return self.heads if self.ffn is None else (self.heads, self.ffn)
+        key = self.heads if self.ffn is None else (self.heads, self.ffn)
+        return key if self.depth is None else (key, self.depth)
+
+    @property
+    def layers_run(self) -> int:
+        """How many layers the forward pass runs (all of them unless the plan stops at an exit)."""
+        return len(self.heads) if self.depth is None else self.depth
 
     @property
     def heads_active(self) -> int:
@@ -155,12 +164,22 @@ def soft_cost_weights(cfg: ModelConfig) -> np.ndarray | None:
     return costs / costs.sum()  # type: ignore[no-any-return]
 
 
+def exit_sequence(order: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+    """The keep sequence of a checkpoint with exits: the ranking's units of layers below the first exit, then
+    those below the next exit (or the top), each part in ranking order, so each layer's own order is unchanged."""
+    upl, bounds = cfg.units_per_layer, (0, *cfg.gate.exits, cfg.n_layers)
+    layer = order // upl
+    parts = [order[(layer >= lo) & (layer < hi)] for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+    return np.concatenate(parts).astype(np.int64)
+
+
 class BudgetPolicy:
     """budget -> plan for a budgeted checkpoint: the hard mask of its unit ranking, as per-layer prefixes."""
 
     def __init__(self, cfg: ModelConfig, order: np.ndarray) -> None:
         self.cfg = cfg
-        self.order = order  # flat unit ranking, (L*U,)
+        # flat unit ranking, (L*U,); with exits, the order in which budgets keep units (exit_sequence)
+        self.order = exit_sequence(order, cfg) if cfg.gate.exits else order
         h = cfg.n_heads
         units = layer_head_orders(order, cfg.n_layers, cfg.units_per_layer)  # (L, U) per-layer unit ranking
         self.perms = np.stack([row[row < h] for row in units])  # (L, H) heads in rank order
@@ -204,4 +223,10 @@ class BudgetPolicy:
                 raise AssertionError(f"layer {layer}: kept units are not a prefix of the unit order")
         counts = tuple(int(x) for x in heads.sum(axis=1))
         ffn = None if self._costs is None else tuple(int(x) * self.cfg.gate.ffn_group for x in groups.sum(axis=1))
-        return ExecutionPlan(heads=counts, n_heads=h, ffn=ffn)
+        return ExecutionPlan(heads=counts, n_heads=h, ffn=ffn, depth=self.depth(mask))
+
+    def depth(self, mask: np.ndarray) -> int | None:
+        """The first exit at or above every layer that keeps a unit (None: no exit fits, run every layer)."""
+        used = np.flatnonzero(mask.any(axis=1))
+        top = int(used[-1]) + 1 if used.size else 1
+        return next((e for e in self.cfg.gate.exits if e >= top), None)

@@ -23,13 +23,16 @@ def predict_logits(
     was_training = model.training
     model.eval()
     gate: torch.Tensor | None = None
+    depth: int | None = None  # a hard plan may stop at an exit; soft gates always run every layer
     if mode == "soft":
         gate = model.soft_gates(torch.tensor([budget], device=device))[0]  # (L, H)
     elif mode == "hard":
         gate = model.hard_gates(budget)
+        depth = model.hard_depth(budget)
     out = []
     for ids, mask, _ in batches(data, batch_size, device):
-        out.append(model(ids, mask, gate).float().cpu().numpy())
+        logits = model(ids, mask, gate) if depth is None else model(ids, mask, gate, depth)
+        out.append(logits.float().cpu().numpy())
     model.train(was_training)
     logits = np.concatenate(out) if out else np.zeros((0, model.cfg.n_labels), dtype=np.float32)
     result = np.empty_like(logits)

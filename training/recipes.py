@@ -8,7 +8,8 @@ from typing import Any
 HARD_TEACHERS = ("soft", "dense")
 # Fields added after runs were published: at their defaults they stay out of a run's identity, so those
 # run folders still resume.
-LATER_FIELDS = {"hard_teacher": "soft", "hidden_distill": 0.0, "sandwich": False, "fused_sandwich": False}
+LATER_FIELDS = {"hard_teacher": "soft", "hidden_distill": 0.0, "sandwich": False, "fused_sandwich": False,
+                "exit_lr": 1e-3}
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,9 @@ class Recipe:
     # launches, which is what bounds MiniLM's small batches on a GPU. Dropout draws differ, so a run with it is
     # a new run, not a replay of one without.
     fused_sandwich: bool = False
+    # Learning rate of the exit heads (checkpoints with exits), which start stage 3 as copies of the classifier
+    # and must move to read a lower layer within it: at the encoder's 5e-5 a linear head barely moves.
+    exit_lr: float = 1e-3
     # Word embeddings stay frozen: they are half of MiniLM's parameters, the data sets are small (10k rows
     # for AG News), and freezing them keeps fine-tuning from drifting rare-token rows it barely sees.
     freeze_embeddings: bool = True

@@ -64,7 +64,8 @@ def _optimizer(model: BudgetedClassifier, recipe: Recipe, stage: Stage, steps: i
     gate_params = list(model.gates.parameters())
     frozen = {id(model.encoder.embeddings.word.weight)} if recipe.freeze_embeddings else set()
     extra = model.adaptive_parameters() if isinstance(model, AdaptiveClassifier) else []
-    extra_ids = {id(p) for p in extra}
+    exits = list(model.exits.parameters())
+    extra_ids = {id(p) for p in extra + exits}
     body = [p for n, p in model.named_parameters()
             if not n.startswith("gates.") and id(p) not in frozen and id(p) not in extra_ids]
     for p in model.parameters():
@@ -73,6 +74,8 @@ def _optimizer(model: BudgetedClassifier, recipe: Recipe, stage: Stage, steps: i
     if extra:
         lr = recipe.adaptive_lr or ADAPTIVE_LR[model.cfg.model_type]
         groups.append({"params": extra, "lr": lr, "weight_decay": 0.0})
+    if exits:
+        groups.append({"params": exits, "lr": recipe.exit_lr, "weight_decay": 0.0})
     if stage not in ("dense", "recover", "adapt"):
         groups.append({"params": gate_params, "lr": recipe.gate_lr, "weight_decay": 0.0})
     else:
@@ -190,7 +193,8 @@ def _stage_loss(
         assert teacher is not None, "recovery distils from the dense model"
         with torch.no_grad():
             t_logits = teacher(ids, mask)  # dense: every head, no gates
-        s_logits = model(ids, mask, model.hard_gates(b))  # the fixed pruning mask; gates are frozen
+        # the fixed pruning mask; gates are frozen
+        s_logits = model(ids, mask, model.hard_gates(b), model.hard_depth(b))
         return distillation_loss(s_logits, t_logits, y, recipe.distill_alpha, recipe.distill_temperature)
     budgets = (1.0, recipe.b_min, b) if recipe.sandwich else (b,)
     if recipe.fused_sandwich and len(budgets) > 1:
@@ -215,7 +219,7 @@ def _stage_loss(
             t_logits, t_states = shared
         # Straight-through: the forward pass uses the serving mask (same crossing-budget ranking), the
         # backward pass reaches the gate parameters through g(b).
-        s_logits, s_states = model.logits_and_states(ids, mask, model.ste_gates(bt)[0])
+        s_logits, s_states = model.logits_and_states(ids, mask, model.ste_gates(bt)[0], model.hard_depth(bi))
         losses.append(_hard_loss(s_logits, s_states, t_logits, t_states, mask, y, recipe))
     return torch.stack(losses).mean()
 
@@ -228,8 +232,9 @@ def _hard_loss(
     loss = distillation_loss(s_logits, t_logits, y, recipe.distill_alpha, recipe.distill_temperature)
     if recipe.hidden_distill > 0:
         real = mask.to(s_logits.dtype)[:, :, None]  # (B, N, 1): the error counts real tokens only
-        mse = [(((s - t) ** 2) * real).sum() / (real.sum() * s.shape[-1]) for s, t in zip(s_states, t_states,
-                                                                                          strict=True)]
+        # A plan that stops at an exit is compared on the layers it runs.
+        mse = [(((s - t) ** 2) * real).sum() / (real.sum() * s.shape[-1])
+               for s, t in zip(s_states, t_states[:len(s_states)], strict=True)]
         loss = loss + recipe.hidden_distill * torch.stack(mse).mean()
     return loss
 
@@ -257,7 +262,8 @@ def _fused_stage_loss(
                 ids_r, mask_r, teacher.soft_gates(bt).repeat_interleave(bsz, dim=0))
             t_logits = list(t_all.split(bsz))
             t_states = [[s.split(bsz)[i] for s in t_st_all] for i in range(nb)]
-    s_all, s_st_all = model.logits_and_states(ids_r, mask_r, model.ste_gates(bt).repeat_interleave(bsz, dim=0))
+    s_all, s_st_all = model.logits_and_states(ids_r, mask_r, model.ste_gates(bt).repeat_interleave(bsz, dim=0),
+                                              model.depth_of(budgets).repeat_interleave(bsz).to(ids.device))
     s_logits = s_all.split(bsz)
     return torch.stack([
         _hard_loss(s_logits[i], [s.split(bsz)[i] for s in s_st_all], t_logits[i], t_states[i], mask, y, recipe)

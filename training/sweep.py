@@ -66,6 +66,7 @@ def run_sweep(
                 "neurons_per_layer": list(plan.ffn),
                 # The whole forward pass's share at the reference length (hard_cost leaves out the classifier).
                 "macs_fraction": plan.cost(Shape.of(cfg), gcfg.ref_length).ratio,
+                "layers_run": plan.layers_run,
             })
         point["accuracy_soft"] = accuracy(model, data, "soft", b)
         point["accuracy_hard"] = accuracy(model, data, "hard", b)

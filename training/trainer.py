@@ -41,6 +41,7 @@ class RunConfig:
     device: str = "cpu"
     model_type: str = "budgeted"  # or an adaptive type: dense warm start, then its own "adapt" stage
     scope: str = "attention"  # what a budget spans: the heads, or the whole model (GateConfig.scope)
+    exits: tuple[int, ...] = ()  # layer skipping: depths with an exit head (GateConfig.exits)
 
     def identity(self) -> dict[str, Any]:
         d = asdict(self)
@@ -51,6 +52,10 @@ class RunConfig:
             d.pop("model_type")  # so run folders from before the adaptive types still resume
         if d["scope"] == "attention":
             d.pop("scope")  # likewise for run folders from before the whole-model scope
+        if not d["exits"]:
+            d.pop("exits")  # and from before layer skipping
+        else:
+            d["exits"] = list(d["exits"])
         return d
 
 
@@ -103,7 +108,7 @@ def train(run: RunConfig, out: Path) -> Path:
     if run.scope != "attention" and run.model_type != "budgeted":
         raise DataError(f"--scope {run.scope} is for the budgeted model type, not {run.model_type}")
     try:
-        gate = GateConfig(structural=run.structural, scope=run.scope)
+        gate = GateConfig(structural=run.structural, scope=run.scope, exits=run.exits)
     except ValueError as e:
         raise DataError(str(e)) from None
     base = build_base(run.base, ds.labels, gate, run.seed, recipe.max_length)
@@ -131,6 +136,8 @@ def train(run: RunConfig, out: Path) -> Path:
             if stage == "hard":  # distil from a frozen copy of the stage-2 soft model, or of the dense one
                 teacher, _ = load_checkpoint(out / "stages" / ("budget" if recipe.hard_teacher == "soft" else "dense"))
                 teacher = teacher.to(device).eval()
+            if stage == "hard" and model.cfg.gate.exits:  # exits start from the classifier on top
+                model.init_exits()
             if stage == "adapt":  # the dense warm start becomes the adaptive type here
                 model = to_model_type(model, run.model_type, seed=run.seed + i)
             if stage == "dense" and base.head_loaded:

@@ -23,6 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--scope", default="attention", choices=SCOPES,
                    help="what a budget spans: attention heads only (the published method), or the whole model "
                         "(heads and feed-forward neuron groups, b = the fraction of multiply-adds)")
+    p.add_argument("--exits", default="", metavar="D[,D...]",
+                   help="layer skipping (--scope model): depths with an exit head; low budgets fill the layers "
+                        "below the first exit and stop there, e.g. --exits 3")
     p.add_argument("--text-column", default="text")
     p.add_argument("--label-column", default="label")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
@@ -46,12 +49,16 @@ def run(args: argparse.Namespace) -> int:
         overrides = parse_overrides(args.overrides)
     except ValueError as e:
         raise CliError(str(e)) from None
+    try:
+        exits = tuple(int(x) for x in args.exits.split(",") if x.strip())
+    except ValueError:
+        raise CliError(f"--exits {args.exits!r}: expected comma-separated layer depths, e.g. 3") from None
     if args.examples_per_stage:
         overrides["examples_per_stage"] = args.examples_per_stage
     recipe = get_recipe(args.recipe, **overrides)
     run_cfg = RunConfig(base=args.base, data=args.data, recipe=recipe, seed=args.seed, structural=args.structural,
                         text_column=args.text_column, label_column=args.label_column, device=device,
-                        model_type=args.model, scope=args.scope)
+                        model_type=args.model, scope=args.scope, exits=exits)
     out = train(run_cfg, args.out)
     if not args.no_sweep and args.model != "budgeted":
         from headbudget.training.adaptive_report import evaluate_adaptive
