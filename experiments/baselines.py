@@ -106,6 +106,7 @@ def static_hard(model: BudgetedClassifier, budget: float, recipe: Recipe, train:
 def _dense_copy(model: BudgetedClassifier, cfg: ModelConfig, state: dict[str, torch.Tensor]) -> BudgetedClassifier:
     """A model of ``cfg`` holding ``state`` (every weight but the gates), gates at their initial values."""
     out = BudgetedClassifier(cfg).to(model.classifier.weight.device, model.classifier.weight.dtype)
+    state = {k: v for k, v in state.items() if not k.startswith("exits.")}  # a plain checkpoint has no exits
     missing, unexpected = out.load_state_dict(state, strict=False)
     if unexpected or any(not k.startswith("gates.") for k in missing):
         raise ValueError(f"conversion left weights out: missing {missing}, unexpected {unexpected}")
@@ -114,7 +115,7 @@ def _dense_copy(model: BudgetedClassifier, cfg: ModelConfig, state: dict[str, to
 
 def _attention_scope(cfg: ModelConfig, **changes: int) -> ModelConfig:
     """``cfg`` with ``changes`` as a plain attention-scope checkpoint: every head kept at b = 1 (gates open)."""
-    return replace(cfg, **changes, gate=replace(cfg.gate, scope="attention", structural=False))
+    return replace(cfg, **changes, gate=replace(cfg.gate, scope="attention", structural=False, exits=()))
 
 
 def drop_top_layers(model: BudgetedClassifier, n_keep: int) -> BudgetedClassifier:
