@@ -139,14 +139,18 @@ class OnnxEngine(EngineBase):
         name = "whole-" + "-".join(map(str, plan.heads))
         if plan.ffn is not None:
             name += "-n-" + "-".join(map(str, plan.ffn))
+        if plan.depth is not None:
+            name += f"-d{plan.depth}"
         return self._session(("packed" if prepack else "whole", plan.key), name, arrays,
                              lambda: G.build_graph(c, plan, p, arrays), prepack=prepack)
 
     def _runner(self, plan: ExecutionPlan) -> tuple[Runner, dict[str, Any]]:
         """The session that runs ``plan`` and its cached feed dict (reused in place: one engine, one thread)."""
-        if self.layout == "dynamic" and plan.key not in self._prepacked:
+        if self.layout == "dynamic" and plan.key not in self._prepacked and plan.depth is None:
             return self._dynamic(plan)
-        sess = self._whole(plan, prepack=self.layout == "dynamic")
+        # A plan that stops at an exit runs its own graph of its first layers (the all-budget session runs every
+        # layer); unless prepacked, that session feeds the store's arrays unpacked, so it adds no weight copy.
+        sess = self._whole(plan, prepack=self.layout == "dynamic" and (plan.key in self._prepacked or plan.depth is None))
         feeds = self._feeds.get(("own", plan.key))
         if feeds is None:
             feeds = self._feeds[("own", plan.key)] = {}

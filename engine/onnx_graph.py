@@ -33,7 +33,7 @@ from headbudget.models.plan import ExecutionPlan
 # Bump whenever the graph or the weight layout changes: it is part of the on-disk cache key.
 # 7: whole-model budgets (neuron-ordered feed-forward store, feed-forward prefixes in the graphs).
 # 8: int8 whole-model W1 stored (I, D) like fp32, run by QGemm(transB=1): no per-width copies.
-BUILDER_VERSION = 8
+BUILDER_VERSION = 9
 OPSET = 17
 MS = "com.microsoft"
 _NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int8): TensorProto.INT8}
@@ -72,13 +72,22 @@ def _ffn_sliced(store: Arrays, layer: int, w: int, precision: Precision) -> Arra
     return out
 
 
+def _run_layers(cfg: ModelConfig, plan: ExecutionPlan) -> list[tuple[int, int]]:
+    """(heads, neurons) of each layer the plan runs: every layer, or those below its exit."""
+    pairs = zip(plan.heads, plan.ffn_widths(cfg.intermediate_size), strict=True)
+    return list(pairs)[: plan.layers_run]
+
+
 def bind(
     store: Arrays, cfg: ModelConfig, plan: ExecutionPlan, precision: Precision, cache: dict[str, np.ndarray]
 ) -> Arrays:
     """Every initializer the graph for ``plan`` names, as arrays backed by ``store`` (or ``cache``)."""
     out: Arrays = {n: store[n] for n in _shared(cfg, precision)}
+    if plan.depth is not None:  # a plan that stops at an exit answers with that exit's head
+        del out["cls_w"], out["cls_b"]
+        out.update({n: store[n] for n in (f"exit{plan.depth}_w", f"exit{plan.depth}_b")})
     int8 = precision == "int8"
-    for layer, (k, w) in enumerate(zip(plan.heads, plan.ffn_widths(cfg.intermediate_size), strict=True)):
+    for layer, (k, w) in enumerate(_run_layers(cfg, plan)):
         p = f"l{layer}."
         names = ["bo", "ln1_g", "ln1_b", "b2", "ln2_g", "ln2_b"]
         if w == cfg.intermediate_size:
@@ -231,13 +240,14 @@ class _Graph:
         count = self.op("Max", [self.op("ReduceSum", [m, one], keepdims=1), floor])  # (B, 1)
         return self.op("Div", [self.op("Squeeze", [total, one]), count])  # (B, D)
 
-    def classify(self, h: str, bn: str, mask: str) -> str:
-        """Hidden states (B*N, D) -> logits (B, C): pool, the optional pooler layer, the classifier."""
+    def classify(self, h: str, bn: str, mask: str, head: str = "cls") -> str:
+        """Hidden states (B*N, D) -> logits (B, C): pool, the optional pooler layer, the classifier (``head``:
+        ``cls``, or ``exit{d}`` for a plan that stops at layer d)."""
         pooled = self.pool(h, bn, mask)  # (B, D)
         if self.cfg.pooler != "none":
             act = {"tanh": "Tanh", "relu": "Relu"}[self.cfg.pooler]
             pooled = self.op(act, [self.op("Gemm", [pooled, "pool_w", "pool_b"], transB=1)])
-        return self.op("Gemm", [pooled, "cls_w", "cls_b"], transB=1)
+        return self.op("Gemm", [pooled, f"{head}_w", f"{head}_b"], transB=1)
 
 
 # Initializers point at this (empty) file beside the graph; sessions receive the data in memory instead.
@@ -285,9 +295,9 @@ def build_graph(cfg: ModelConfig, plan: ExecutionPlan, precision: Precision, arr
     bn = g.op("Shape", ["input_ids"])  # (2,) = [B, N]
     bias = g.mask_bias("attention_mask")
     x = g.embed("input_ids")
-    for layer, (k, w) in enumerate(zip(plan.heads, plan.ffn_widths(cfg.intermediate_size), strict=True)):
+    for layer, (k, w) in enumerate(_run_layers(cfg, plan)):
         x = g.ffn(g.attention(x, bn, bias, layer, k), layer, w)
-    logits = g.classify(x, bn, "attention_mask")  # (B, C)
+    logits = g.classify(x, bn, "attention_mask", "cls" if plan.depth is None else f"exit{plan.depth}")  # (B, C)
     return _model(g, [_IDS, _MASK], {"logits": logits}, arrays)
 
 

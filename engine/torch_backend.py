@@ -54,6 +54,7 @@ class TorchEngine(EngineBase):
     def forward_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray, plan: ExecutionPlan) -> np.ndarray:
         gate = torch.as_tensor(self._masks[plan.key], dtype=torch.float32)  # (L, U)
         with torch.inference_mode():
-            logits = self.model(torch.from_numpy(input_ids), torch.from_numpy(attention_mask.astype(np.int64)), gate)
+            logits = self.model(torch.from_numpy(input_ids), torch.from_numpy(attention_mask.astype(np.int64)), gate,
+                                plan.depth)
         out: np.ndarray = logits.numpy()  # (B, C)
         return out

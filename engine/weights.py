@@ -73,6 +73,8 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     }
     if cfg.pooler != "none":
         shapes.update({"pooler.weight": (d, d), "pooler.bias": (d,)})
+    for e in range(len(cfg.gate.exits)):
+        shapes.update({f"exits.{e}.weight": (c, d), f"exits.{e}.bias": (c,)})
     per_layer = {"attention.query": (d, d), "attention.key": (d, d), "attention.value": (d, d),
                  "attention.output": (d, d), "intermediate": (i, d), "ffn_out": (d, i)}
     for layer in range(cfg.n_layers):
@@ -166,6 +168,8 @@ def pack(state: Arrays, cfg: ModelConfig, policy: BudgetPolicy, precision: Preci
     }
     if cfg.pooler != "none":
         out["pool_w"], out["pool_b"] = state["pooler.weight"], state["pooler.bias"]
+    for i, depth in enumerate(cfg.gate.exits):  # exit heads stay fp32, as the classifier does
+        out[f"exit{depth}_w"], out[f"exit{depth}_b"] = state[f"exits.{i}.weight"], state[f"exits.{i}.bias"]
     if precision == "int8":
         # The word table is most of the model (30522 x 384 fp32 = 47 MB for MiniLM): int8 rows with one
         # scale each, dequantized after the Gather (only the B*N gathered rows), as quantize_dynamic does.

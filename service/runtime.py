@@ -31,6 +31,7 @@ class Runtime:
         self.info: ModelInfo | None = None
         self.grid_heads: dict[float, int] = {}  # grid budget -> most heads it buys, computed at start-up
         self.grid_neurons: dict[float, int] = {}  # grid budget -> feed-forward neurons (whole-model budgets only)
+        self.grid_depth: dict[float, int] = {}  # grid budget -> layers run, where the plan stops at an exit
         self.draining = False
         self.state_ok = True
 
@@ -51,6 +52,7 @@ class Runtime:
         plans = {b: engine.plan(b) for b in self.budget_grid()}
         self.grid_heads = {b: p.heads_active for b, p in plans.items()}
         self.grid_neurons = {b: sum(p.ffn) for b, p in plans.items() if p.ffn is not None}
+        self.grid_depth = {b: p.depth for b, p in plans.items() if p.depth is not None}
         self.metrics.set_offline_accuracy(list(self.info.sweep.accuracy.items()) if self.info.sweep else [])
         self.state_ok = await self.state.ping()
         self.metrics.set_state_up(self.state_ok)

@@ -155,6 +155,8 @@ class BudgetPoint(BaseModel):
                                           "per text: the most one text may run)")
     neurons_active: int | None = Field(None, description="feed-forward neurons the budget buys, summed over "
                                                          "layers; null when every neuron always runs")
+    layers_run: int | None = Field(None, description="layers the budget runs before it answers, when it stops at "
+                                                     "one of the checkpoint's exits; null when it runs every layer")
     accuracy: float | None = Field(None, description="offline accuracy from sweep.json")
     latency_ms: float | None = Field(None, description="from the benchmark table, refreshed by the service")
 

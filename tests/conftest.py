@@ -16,7 +16,7 @@ torch.set_num_threads(1)
 
 
 def make_random_checkpoint(folder: Path, seed: int = 0, scope: str = "attention", ffn_group: int = 64,
-                           **overrides: int) -> Path:
+                           exits: tuple[int, ...] = (), **overrides: int) -> Path:
     """A random encoder with random (non-uniform) gate parameters, saved as a real checkpoint folder.
 
     ``scope="model"``: the budget spans the heads and feed-forward groups of ``ffn_group`` neurons.
@@ -26,7 +26,7 @@ def make_random_checkpoint(folder: Path, seed: int = 0, scope: str = "attention"
     from headbudget.models.pretrained import minilm_path, random_init
     from headbudget.models.tokenizer import copy_tokenizer
 
-    gate = GateConfig(scope=scope, ffn_group=ffn_group)
+    gate = GateConfig(scope=scope, ffn_group=ffn_group, exits=exits)
     model = random_init(("negative", "positive"), gate, seed=seed, **overrides)
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
@@ -35,6 +35,8 @@ def make_random_checkpoint(folder: Path, seed: int = 0, scope: str = "attention"
         model.gates.raw_beta.copy_(torch.randn(model.gates.raw_beta.shape, generator=g))
         for p in model.encoder.parameters():  # larger weights than 0.02 so heads differ measurably
             p.add_(torch.randn(p.shape, generator=g) * 0.05)
+        for p in model.exits.parameters():  # each exit its own head, unlike the classifier
+            p.copy_(torch.randn(p.shape, generator=g))
     model.eval()
     save_checkpoint(model, folder, {"name": folder.name, "model_type": "budgeted"})
     copy_tokenizer(minilm_path(), folder)

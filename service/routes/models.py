@@ -20,7 +20,8 @@ async def list_models(runtime: RuntimeDep) -> ModelList:
         raise Unavailable("the model is not loaded yet", retry_after_s=5)
     accuracy = info.sweep.accuracy if info.sweep else {}
     points = [BudgetPoint(budget=b, heads_active=runtime.grid_heads.get(b, 0),
-                          neurons_active=runtime.grid_neurons.get(b), accuracy=accuracy.get(b),
+                          neurons_active=runtime.grid_neurons.get(b), layers_run=runtime.grid_depth.get(b),
+                          accuracy=accuracy.get(b),
                           latency_ms=round(latency.estimate_ms(b, latency.ref_tokens), 3))
               for b in runtime.budget_grid()]
     dense = info.sweep.dense_accuracy if info.sweep else None
