@@ -230,10 +230,9 @@ def max_logit_diff(engine: Any, model: Any, batches: Sequence[tuple[np.ndarray, 
 
     worst = 0.0
     for b in BENCH_BUDGETS:
-        gate = model.hard_gates(b)
         for ids, mask in batches:
             with torch.no_grad():
-                ref = model(torch.from_numpy(ids), torch.from_numpy(mask.astype(np.int64)), gate).numpy()
+                ref = model.hard_logits(torch.from_numpy(ids), torch.from_numpy(mask.astype(np.int64)), b).numpy()
             worst = max(worst, float(np.abs(engine.predict_ids(ids, mask, b) - ref).max()))
     return worst
 

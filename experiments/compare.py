@@ -102,6 +102,7 @@ class CompareConfig:
     # Only "model" enters the cache hashes (through the run identity), so attention caches keep theirs.
     scope: str = "attention"
     latency_engine: str = "onnxruntime fp32, 1 thread, batch 1"  # what the injected latency probe runs
+    exits: tuple[int, ...] = ()  # the whole-model run's exits (layer skipping); never the attention-only run's
 
     def __post_init__(self) -> None:
         if self.scope not in ("attention", "model"):
@@ -110,7 +111,7 @@ class CompareConfig:
     def run_config(self, seed: int, scope: str | None = None) -> RunConfig:
         return RunConfig(base=self.base, data=self.data, recipe=self.recipe, seed=seed,
                          text_column=self.text_column, label_column=self.label_column, device=self.device,
-                         scope=scope or self.scope)
+                         scope=scope or self.scope, exits=self.exits if (scope or self.scope) == "model" else ())
 
 
 def config_hash(identity: dict[str, Any]) -> str:

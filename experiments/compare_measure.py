@@ -66,12 +66,12 @@ def measure_latency(entries: list[tuple[str, float, Path]], test: TokenizedSplit
     diffs: dict[tuple[str, float], float] = {}
     for method, b, folder in entries:  # warm-up, and the engine against the torch reference on a few texts
         model, _ = load_checkpoint(folder)
-        gate = None if method == "dense" else model.hard_gates(b)
         worst = 0.0
         for ids, mask in inputs[:8]:
             got = predictors[folder](ids, mask, b)
+            ids_t, mask_t = torch.from_numpy(ids), torch.from_numpy(mask.astype(np.int64))
             with torch.no_grad():
-                ref = model(torch.from_numpy(ids), torch.from_numpy(mask.astype(np.int64)), gate).numpy()
+                ref = (model(ids_t, mask_t) if method == "dense" else model.hard_logits(ids_t, mask_t, b)).numpy()
             worst = max(worst, float(np.abs(got - ref).max()))
         diffs[(method, b)] = worst
     times: dict[tuple[str, float], list[float]] = {(m, b): [] for m, b, _ in entries}

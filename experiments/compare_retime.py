@@ -53,8 +53,9 @@ def attention_scope(model: BudgetedClassifier) -> BudgetedClassifier:
     """``model``'s weights in an attention-scope model (fresh gates), the scope compare's small models and the
     attention-only run have: a whole-model scope would add an If node per feed-forward block to the graph."""
     cfg = model.cfg
-    att = BudgetedClassifier(replace(cfg, gate=replace(cfg.gate, scope="attention")))
-    att.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("gates.")}, strict=False)
+    att = BudgetedClassifier(replace(cfg, gate=replace(cfg.gate, scope="attention", exits=())))
+    att.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith(("gates.", "exits."))},
+                        strict=False)
     return att
 
 

@@ -140,6 +140,8 @@ def measure(model_dir: Path, data: str, widths: list[float], budgets: list[float
     cfg, policy = model.cfg, model.gates.policy()
     if cfg.gate.scope != "model" or cfg.pooler != "none":
         raise ValueError(f"{model_dir}: exits are measured on whole-model checkpoints without a pooler layer")
+    if cfg.gate.exits:  # its own plans already stop at trained exits; fitting probes on top would mix the two
+        raise ValueError(f"{model_dir}: the checkpoint has exits of its own (layers {list(cfg.gate.exits)})")
     run = json.loads((model_dir / "run.json").read_text()) if (model_dir / "run.json").is_file() else {}
     ds = load_data(data, seed=int(run.get("seed", 7)))
     enc = TextEncoder(model_dir, meta.get("max_length", cfg.max_position))

@@ -115,6 +115,10 @@ class BudgetedClassifier(nn.Module):
             head.weight.copy_(self.classifier.weight)
             head.bias.copy_(self.classifier.bias)
 
+    def hard_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, budget: float) -> torch.Tensor:
+        """What the checkpoint answers at ``budget``: its hard mask, stopping at the plan's exit if it has one."""
+        return self(input_ids, attention_mask, self.hard_gates(budget), self.hard_depth(budget))
+
     def hard_depth(self, budget: float) -> int | None:
         """Layers the budget's plan runs when it stops at an exit; None when it runs every layer."""
         return self.gates.policy().plan(budget).depth if self.cfg.gate.exits else None

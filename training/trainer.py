@@ -103,7 +103,6 @@ def train(run: RunConfig, out: Path) -> Path:
     recipe = run.recipe
     ds: DataSet = load_data(run.data, run.text_column, run.label_column, seed=run.seed,
                             synthetic_size=recipe.synthetic_size)
-    _check_resume(out, run)
     device = torch.device(run.device)
     if run.scope != "attention" and run.model_type != "budgeted":
         raise DataError(f"--scope {run.scope} is for the budgeted model type, not {run.model_type}")
@@ -111,7 +110,12 @@ def train(run: RunConfig, out: Path) -> Path:
         gate = GateConfig(structural=run.structural, scope=run.scope, exits=run.exits)
     except ValueError as e:
         raise DataError(str(e)) from None
-    base = build_base(run.base, ds.labels, gate, run.seed, recipe.max_length)
+    try:
+        base = build_base(run.base, ds.labels, gate, run.seed, recipe.max_length)
+    except ValueError as e:  # the gate does not fit the base (an exit at or above its top layer)
+        raise DataError(str(e)) from None
+    # Only now: a run that cannot even start must not leave a run.json that blocks its corrected retry.
+    _check_resume(out, run)
     log.info("base: %s", base.note)
     model = base.model.to(device)
     tok_dir = tokenizer_folder(run.base)

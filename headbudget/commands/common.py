@@ -61,3 +61,11 @@ def positive_int(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return n
+
+
+def parse_exits(text: str) -> tuple[int, ...]:
+    """``--exits 3`` or ``--exits 2,4``: the layer depths with an exit head (layer skipping); empty: none."""
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise CliError(f"--exits {text!r}: expected comma-separated layer depths, e.g. 3") from None

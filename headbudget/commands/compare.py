@@ -57,6 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--scope", default="attention", choices=("attention", "model"),
                    help="what the budget spans: attention heads (the published comparison) or the whole model "
                         "(heads and feed-forward groups, against the attention-only run and small models)")
+    p.add_argument("--exits", default="", metavar="D[,D...]",
+                   help="--scope model: train the budgeted checkpoint with exits at these depths (as train --exits)")
     p.add_argument("--backend", default="onnxruntime", choices=("onnxruntime", "torch"),
                    help="the engine that latency is measured on (torch: the masked reference model)")
     p.add_argument("--out", required=True, type=Path, help="folder for artifacts (cached) and the report")
@@ -66,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from headbudget.commands.common import CliError
+    from headbudget.commands.common import CliError, parse_exits
     from headbudget.experiments.compare import CompareConfig, run_compare
     from headbudget.experiments.compare_measure import engine_factory
     from headbudget.training.data import load_data
@@ -78,6 +80,9 @@ def run(args: argparse.Namespace) -> int:
         recipe = get_recipe(args.recipe, **parse_overrides(args.overrides))
     except ValueError as e:
         raise CliError(str(e)) from None
+    exits = parse_exits(args.exits)
+    if exits and args.scope != "model":
+        raise CliError("--exits (layer skipping) is for --scope model")
     if args.out.exists() and not args.out.is_dir():
         raise CliError(f"--out {args.out} is a file; give a folder")
     load_data(args.data, synthetic_size=recipe.synthetic_size)  # fail fast, before any training, on bad data
@@ -86,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
                         base=args.base, device=device, importance_examples=args.importance_examples,
                         ablation_examples=args.ablation_examples, test_limit=args.limit,
                         latency_texts=args.latency_texts, latency_repeats=args.latency_repeats,
-                        scope=args.scope, latency_engine=f"{args.backend} fp32, 1 thread, batch 1",
+                        scope=args.scope, exits=exits, latency_engine=f"{args.backend} fp32, 1 thread, batch 1",
                         extra={"command": "headbudget " + shlex.join(sys.argv[1:]) if sys.argv[1:] else None})
     doc = run_compare(cfg, args.out, engine_factory(args.backend, cfg.budgets))
     print((args.out / "compare.md").read_text())

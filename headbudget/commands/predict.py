@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         return _predict_adaptive(model, ids, mask, args.budget, bool(enc.truncated[0]))
     head_mask = model.gates.hard_mask(args.budget)
     with torch.no_grad():
-        logits = model(torch.from_numpy(ids), torch.from_numpy(mask), model.hard_gates(args.budget))[0]
+        logits = model.hard_logits(torch.from_numpy(ids), torch.from_numpy(mask), args.budget)[0]
     probs = torch.softmax(logits, -1).tolist()
     labels = model.cfg.labels
     best = max(range(len(labels)), key=lambda i: probs[i])

@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from headbudget.commands.common import CliError
+    from headbudget.commands.common import CliError, parse_exits
     from headbudget.training.recipes import get_recipe, parse_overrides
     from headbudget.training.report import evaluate_checkpoint
     from headbudget.training.trainer import RunConfig, train
@@ -49,10 +49,7 @@ def run(args: argparse.Namespace) -> int:
         overrides = parse_overrides(args.overrides)
     except ValueError as e:
         raise CliError(str(e)) from None
-    try:
-        exits = tuple(int(x) for x in args.exits.split(",") if x.strip())
-    except ValueError:
-        raise CliError(f"--exits {args.exits!r}: expected comma-separated layer depths, e.g. 3") from None
+    exits = parse_exits(args.exits)
     if args.examples_per_stage:
         overrides["examples_per_stage"] = args.examples_per_stage
     recipe = get_recipe(args.recipe, **overrides)

@@ -114,3 +114,37 @@ def test_the_fused_sandwich_computes_the_same_loss_in_one_pass(stage: str, teach
         model.gates.logit)[0]
     torch.testing.assert_close(g_fused, g_three, rtol=1e-4, atol=1e-7)
     assert g_three.abs().sum() > 0
+
+
+def test_a_smoke_run_with_exits_trains_its_exit_heads_and_stops_low_budgets_there(tmp_path: Path) -> None:
+    out = tmp_path / "exits"
+    proc = run_cli("train", "--base", "tiny", "--data", "synthetic", "--recipe", "smoke", "--scope", "model",
+                   "--exits", "1", "--set", "sandwich=true", "--set", "fused_sandwich=true",
+                   "--set", "hard_teacher=dense", "--out", str(out), "--device", "cpu")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    meta = json.loads((out / "config.json").read_text())
+    assert meta["model"]["gate"]["exits"] == [1] and meta["recipe"]["fused_sandwich"] is True
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert sweep["nested"] is True
+    layers = {p["budget"]: p["layers_run"] for p in sweep["points"]}
+    assert layers[0.1] == 1 and layers[1.0] == 2
+    low = next(p for p in sweep["points"] if p["budget"] == 0.25)
+    assert low["heads_per_layer"][1] == 0 and low["neurons_per_layer"][1] == 0
+    # Stage 3 moved the exit head away from its start (a copy of the classifier), and the exit answers well.
+    from headbudget.models.checkpoint import load_checkpoint
+
+    model, _ = load_checkpoint(out)
+    assert not torch.equal(model.exits[0].weight, model.classifier.weight)
+    assert low["accuracy_hard"] > 0.7
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--scope", "model", "--exits", "2"), "below n_layers"),
+    (("--scope", "model", "--exits", "x"), "--exits"),
+    (("--exits", "1"), "whole-model scope"),
+])
+def test_bad_exits_are_one_line_errors(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
+    proc = run_cli("train", "--base", "tiny", "--data", "synthetic", "--recipe", "smoke", *args,
+                   "--out", str(tmp_path / "x"), "--device", "cpu")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert message in proc.stderr.strip().splitlines()[-1]
