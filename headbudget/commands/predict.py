@@ -32,7 +32,6 @@ def run(args: argparse.Namespace) -> int:
     ids, mask = enc.padded(encoder.pad_id)
     if not model_type(model.cfg.model_type).static_plans:
         return _predict_adaptive(model, ids, mask, args.budget, bool(enc.truncated[0]))
-    head_mask = model.gates.hard_mask(args.budget)
     with torch.no_grad():
         logits = model.hard_logits(torch.from_numpy(ids), torch.from_numpy(mask), args.budget)[0]
     probs = torch.softmax(logits, -1).tolist()
@@ -40,9 +39,14 @@ def run(args: argparse.Namespace) -> int:
     best = max(range(len(labels)), key=lambda i: probs[i])
     print(f"label: {labels[best]}")
     print("scores: " + ", ".join(f"{name}={p:.4f}" for name, p in zip(labels, probs, strict=True)))
-    per_layer = " ".join(str(int(n)) for n in head_mask.sum(1))
-    print(f"heads: {int(head_mask.sum())}/{head_mask.size} (per layer: {per_layer}); "
-          f"budget {args.budget:g}{'; input truncated' if enc.truncated[0] else ''}")
+    plan, cfg = model.gates.policy().plan(args.budget), model.cfg
+    per_layer = " ".join(map(str, plan.heads))
+    kept = f"heads: {plan.heads_active}/{plan.heads_total} (per layer: {per_layer})"
+    if plan.ffn is not None:
+        kept += f"; neurons: {sum(plan.ffn)}/{cfg.n_layers * cfg.intermediate_size}"
+    if plan.depth is not None:
+        kept += f"; stops after layer {plan.depth} of {cfg.n_layers}"
+    print(f"{kept}; budget {args.budget:g}{'; input truncated' if enc.truncated[0] else ''}")
     return 0
 
 

@@ -136,6 +136,10 @@ def test_a_smoke_run_with_exits_trains_its_exit_heads_and_stops_low_budgets_ther
     model, _ = load_checkpoint(out)
     assert not torch.equal(model.exits[0].weight, model.classifier.weight)
     assert low["accuracy_hard"] > 0.7
+    # `predict` says what the budget kept and where it stopped, and answers as the engine's plan would.
+    pred = run_cli("predict", "--model", str(out), "--budget", "0.25", "a b c d")
+    assert pred.returncode == 0, pred.stderr
+    assert "stops after layer 1 of 2" in pred.stdout and "neurons: " in pred.stdout
 
 
 @pytest.mark.parametrize("args,message", [
