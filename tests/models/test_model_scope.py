@@ -3,6 +3,7 @@ groups, nestedness of both unit kinds at every budget, the gates the reference m
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -133,3 +134,33 @@ def test_soft_cost_is_mac_weighted_over_all_units_and_plain_mean_for_attention()
     attention = BudgetedClassifier(replace(CFG, gate=GateConfig()))
     ga = attention.soft_gates(torch.tensor([0.5]))
     assert ga.shape == (1, 2, 4) and torch.equal(attention.soft_cost(ga), ga.mean(dim=(1, 2)))
+
+
+def test_exits_reorder_the_keep_sequence_but_not_any_layers_own_order() -> None:
+    """With exits the budget fills the layers below the first exit first; each layer's unit order (what the
+    engine's weight layout follows) is the ranking's, exactly as without exits."""
+    base = replace(ModelConfig(**TINY), n_layers=4, gate=GateConfig(scope="model", ffn_group=32))
+    with_exits = replace(base, gate=replace(base.gate, exits=(2,)))
+    plain, exits = random_policy(base, 3), random_policy(with_exits, 3)
+    upl = base.units_per_layer
+    first = exits.order[: 2 * upl]
+    assert set((first // upl).tolist()) == {0, 1}  # every unit of layers 0-1 before any of layers 2-3
+    np.testing.assert_array_equal(exits.perms, plain.perms)
+    np.testing.assert_array_equal(exits.ffn_perms, plain.ffn_perms)
+    # Without exits nothing changes: the same ranking, no plan stops early, plan keys as before.
+    assert all(plain.plan(b).depth is None for b in BUDGET_GRID)
+    assert plain.plan(0.5).key == (plain.plan(0.5).heads, plain.plan(0.5).ffn)
+    assert {exits.plan(b).depth for b in BUDGET_GRID} == {2, None}
+
+
+def test_exits_survive_the_config_round_trip_and_old_configs_load() -> None:
+    cfg = replace(ModelConfig(**TINY), gate=GateConfig(scope="model", ffn_group=32, exits=(1,)))
+    d = cfg.to_dict()
+    assert ModelConfig.from_dict(json.loads(json.dumps(d))) == cfg  # as config.json stores it: a list
+    old = cfg.to_dict()
+    del old["gate"]["exits"]  # a checkpoint written before layer skipping
+    assert ModelConfig.from_dict(old).gate.exits == ()
+    with pytest.raises(ValueError, match="below n_layers"):
+        replace(cfg, gate=replace(cfg.gate, exits=(TINY["n_layers"],)))
+    with pytest.raises(ValueError, match="increasing"):
+        GateConfig(scope="model", exits=(2, 1))
