@@ -2,10 +2,10 @@
 
 A budget (or an input-adaptive model's cap) turns into a plan here, once: ``BudgetPolicy.plan`` for the budgeted
 checkpoint's nested head ranking (METHODS.md section 1). The engine executes plans, the service batches requests
-whose plans share a ``key`` and reports their ``cost``; nothing else needs to know what a budget buys. Today a
-plan keeps a prefix of each layer's head order and, when the budget spans the whole model (METHODS.md section
-6), a prefix of each layer's feed-forward neuron order; a new unit (skipping a layer) is a new field here, its
-cost term below, and the engine's executor for it.
+whose plans share a ``key`` and reports their ``cost``; nothing else needs to know what a budget buys. A plan
+keeps a prefix of each layer's head order and, when the budget spans the whole model (METHODS.md section 6), a
+prefix of each layer's feed-forward neuron order; with exits (layer skipping) it may also stop after a layer
+(``depth``), which keeps no unit above it, so the cost terms below need nothing new for it.
 
 Cost is counted in multiply-adds (MACs) per layer, with k active heads of width d_h, n tokens, width D,
 feed-forward width I:
