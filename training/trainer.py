@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -85,6 +85,23 @@ def _skip_dense(model: BudgetedClassifier, base: Base, val: TokenizedSplit) -> d
             "skipped": base.note}
 
 
+def _as_run_gate(model: BudgetedClassifier, gate: GateConfig, stage: str, stage_dir: Path) -> BudgetedClassifier:
+    """A finished stage's model with this run's gate settings; a stage copied from another run (docs/gpu.md) may
+    carry other exits. Exits only act from stage 3 on, so an earlier stage takes the run's exits (fresh exit
+    heads: stage 3 starts them from the classifier); anything else that differs is refused, not trained on."""
+    have = model.cfg.gate
+    if have == gate or model.cfg.model_type != "budgeted":
+        return model
+    if replace(have, exits=gate.exits) != gate or stage == "hard":
+        raise DataError(f"{stage_dir} was trained with gate settings {have}, this run asks for {gate}; "
+                        "choose another --out or remove that stage")
+    out = BudgetedClassifier(replace(model.cfg, gate=gate))
+    missing, unexpected = out.load_state_dict(
+        {k: v for k, v in model.state_dict().items() if not k.startswith("exits.")}, strict=False)
+    assert all(k.startswith("exits.") for k in missing) and not unexpected, (missing, unexpected)
+    return out.eval()
+
+
 def _check_resume(out: Path, run: RunConfig) -> None:
     path = out / "run.json"
     if path.is_file():
@@ -118,6 +135,7 @@ def train(run: RunConfig, out: Path) -> Path:
     _check_resume(out, run)
     log.info("base: %s", base.note)
     model = base.model.to(device)
+    run_gate = model.cfg.gate  # what this run's model is, whatever a copied stage folder holds
     tok_dir = tokenizer_folder(run.base)
     encoder = TextEncoder(tok_dir, min(recipe.max_length, model.cfg.max_position))
     train_split, val_split = tokenize(ds.train, encoder), tokenize(ds.validation.take(recipe.val_examples), encoder)
@@ -133,7 +151,7 @@ def train(run: RunConfig, out: Path) -> Path:
                 loaded, _ = load_checkpoint(stage_dir)
             except CheckpointError as e:
                 raise DataError(f"cannot resume from {stage_dir}: {e}") from e
-            model = loaded.to(device)
+            model = _as_run_gate(loaded, run_gate, stage, stage_dir).to(device)
             results[stage] = json.loads(done.read_text())
             log.info("stage %s: already done (val %.4f), resuming after it", stage, results[stage]["best_val"])
         else:

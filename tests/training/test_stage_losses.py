@@ -152,3 +152,24 @@ def test_bad_exits_are_one_line_errors(tmp_path: Path, args: tuple[str, ...], me
                    "--out", str(tmp_path / "x"), "--device", "cpu")
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert message in proc.stderr.strip().splitlines()[-1]
+
+
+def test_stages_copied_from_a_run_with_other_exits_train_this_runs_exits(tmp_path: Path) -> None:
+    """docs/gpu.md shares stages 1-2 between runs; a run that resumes from another run's stage 2 must train its
+    own exits (session 20 lost three variants to the copied configuration), and a copied stage 3 is refused."""
+    src = tmp_path / "src"
+    common = ("--base", "tiny", "--data", "synthetic", "--recipe", "smoke", "--scope", "model", "--device", "cpu",
+              "--set", "hard_epochs=0.2", "--no-sweep")
+    proc = run_cli("train", *common, "--exits", "1", "--out", str(src))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    dst = tmp_path / "dst"
+    for stage in ("dense", "budget"):
+        shutil.copytree(src / "stages" / stage, dst / "stages" / stage)
+    proc = run_cli("train", *common, "--out", str(dst))  # no exits this time
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((dst / "config.json").read_text())["model"]["gate"]["exits"] == []
+    bad = tmp_path / "bad"
+    shutil.copytree(src / "stages", bad / "stages")  # stage 3 too: its exits are trained, not convertible
+    proc = run_cli("train", *common, "--out", str(bad))
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "gate settings" in proc.stderr.strip().splitlines()[-1]
