@@ -143,3 +143,24 @@ def test_a_plan_stopping_at_an_exit_adds_no_weight_copy(exits_checkpoint: Path, 
         if name in store and name.startswith(("l0.w1", "l0.w2", "exit")):
             assert np.shares_memory(value.numpy(), store[name]) or np.array_equal(value.numpy(), store[name])
     assert sess is not None
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_export_of_a_plan_that_stops_at_an_exit(exits_checkpoint: Path, reference: BudgetedClassifier,
+                                                tmp_path: Path, precision: str) -> None:
+    """`headbudget export` of such a budget holds only the layers it runs and the exit's head, and plain ONNX
+    Runtime gives the engine's logits."""
+    import onnx
+
+    from tests.conftest import run_cli
+    from tests.engine.test_export import bare_logits, engine_logits
+
+    b = next(b for b in BUDGET_GRID if reference.gates.policy().plan(b).depth == 2)
+    proc = run_cli("export", "--model", str(exits_checkpoint), "--budget", str(b), "--precision", precision,
+                   "--out", str(tmp_path / "x"))
+    assert proc.returncode == 0, proc.stderr
+    names = {t.name for t in onnx.load(str(tmp_path / "x" / "model.onnx")).graph.initializer}
+    assert "exit2_w" in names and "cls_w" not in names and "exit1_w" not in names
+    assert not any(n.startswith(("l2.", "l3.")) for n in names)
+    np.testing.assert_allclose(bare_logits(tmp_path / "x"), engine_logits(exits_checkpoint, b, precision,
+                                                                          tmp_path / "cache"), atol=1e-4, rtol=0)
