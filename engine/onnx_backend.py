@@ -148,9 +148,10 @@ class OnnxEngine(EngineBase):
         """The session that runs ``plan`` and its cached feed dict (reused in place: one engine, one thread)."""
         if self.layout == "dynamic" and plan.key not in self._prepacked and plan.depth is None:
             return self._dynamic(plan)
-        # A plan that stops at an exit runs its own graph of its first layers (the all-budget session runs every
-        # layer); unless prepacked, that session feeds the store's arrays unpacked, so it adds no weight copy.
-        sess = self._whole(plan, prepack=self.layout == "dynamic" and (plan.key in self._prepacked or plan.depth is None))
+        # Here: a prepacked budget, a plan that stops at an exit (the all-budget session runs every layer), or any
+        # plan of the "whole" layout. An exit plan that is not prepacked feeds the store's arrays unpacked, so its
+        # session adds no weight copy.
+        sess = self._whole(plan, prepack=plan.key in self._prepacked)
         feeds = self._feeds.get(("own", plan.key))
         if feeds is None:
             feeds = self._feeds[("own", plan.key)] = {}

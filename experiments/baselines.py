@@ -118,6 +118,12 @@ def _attention_scope(cfg: ModelConfig, **changes: int) -> ModelConfig:
     return replace(cfg, **changes, gate=replace(cfg.gate, scope="attention", structural=False, exits=()))
 
 
+def attention_scope_copy(model: BudgetedClassifier) -> BudgetedClassifier:
+    """``model``'s weights as a plain attention-scope checkpoint: fresh gates, no exits."""
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith("gates.")}
+    return _dense_copy(model, _attention_scope(model.cfg), state)
+
+
 def drop_top_layers(model: BudgetedClassifier, n_keep: int) -> BudgetedClassifier:
     """The dense model's first ``n_keep`` layers (and its embeddings and classifier): LayerDrop's top layers dropped."""
     if not 1 <= n_keep <= model.cfg.n_layers:

@@ -21,7 +21,6 @@ import argparse
 import json
 import shutil
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,11 +51,7 @@ def _save(model: BudgetedClassifier, source: Path, folder: Path, meta: dict[str,
 def attention_scope(model: BudgetedClassifier) -> BudgetedClassifier:
     """``model``'s weights in an attention-scope model (fresh gates), the scope compare's small models and the
     attention-only run have: a whole-model scope would add an If node per feed-forward block to the graph."""
-    cfg = model.cfg
-    att = BudgetedClassifier(replace(cfg, gate=replace(cfg.gate, scope="attention", exits=())))
-    att.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith(("gates.", "exits."))},
-                        strict=False)
-    return att
+    return baselines.attention_scope_copy(model)
 
 
 def attention_standin(model: BudgetedClassifier, plans: list[list[int]]) -> BudgetedClassifier:

@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from headbudget.models.tokenizer import copy_tokenizer
+
 WORD = "encoder.embeddings.word.weight"
 BASE_WORD = "embeddings.word_embeddings.weight"
 SMALL = ("config.json", "run.json", "sweep.json", "stages/*/done.json", "*.log", "pareto.png")
@@ -74,9 +76,7 @@ def unpack(parts: Path, base16: Path, tokenizer: Path, out: Path) -> Path:
     with tarfile.open(parts / "small.tar.gz") as tar:
         tar.extractall(out, filter="data")
     save_file(state, str(out / "model.safetensors"))
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
-        if (tokenizer / name).is_file():
-            (out / name).write_bytes((tokenizer / name).read_bytes())
+    copy_tokenizer(tokenizer, out)
     return out
 
 

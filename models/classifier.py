@@ -123,9 +123,10 @@ class BudgetedClassifier(nn.Module):
         """Layers the budget's plan runs when it stops at an exit; None when it runs every layer."""
         return self.gates.policy().plan(budget).depth if self.cfg.gate.exits else None
 
-    def depth_of(self, budgets: list[float] | tuple[float, ...]) -> torch.Tensor:
-        """Layers each budget's plan runs, (n,) int64 (n_layers where it stops at no exit)."""
-        policy = self.gates.policy()
+    def depth_of(self, budgets: list[float] | tuple[float, ...], policy: BudgetPolicy | None = None) -> torch.Tensor:
+        """Layers each budget's plan runs, (n,) int64 (n_layers where it stops at no exit); ``policy``: the
+        current gates' policy, when the caller already has it (a training step builds it once)."""
+        policy = policy or self.gates.policy()
         n = self.cfg.n_layers
         return torch.as_tensor([policy.plan(b).depth or n for b in budgets], dtype=torch.int64)
 
@@ -159,10 +160,10 @@ class BudgetedClassifier(nn.Module):
         mask = self.gates.hard_mask(budget)
         return torch.as_tensor(mask, dtype=self.classifier.weight.dtype, device=self.classifier.weight.device)
 
-    def ste_gates(self, budget: torch.Tensor) -> torch.Tensor:
+    def ste_gates(self, budget: torch.Tensor, policy: BudgetPolicy | None = None) -> torch.Tensor:
         """Straight-through gates for (B,) budgets: forward is the hard mask, gradient flows through g(b)."""
         g = self.gates(budget)  # (B, L, U)
-        policy = self.gates.policy()
+        policy = policy or self.gates.policy()
         hard = np.stack([policy.mask(float(b)) for b in budget])
         hard_t = torch.as_tensor(hard, dtype=g.dtype, device=g.device)
         return hard_t + (g - g.detach())  # exactly the hard mask forward (g - g is exactly 0)

@@ -209,6 +209,7 @@ def _stage_loss(
     with torch.no_grad():
         # The dense teacher's answer does not depend on the budget: one forward pass serves every budget.
         shared = teacher.logits_and_states(ids, mask) if dense_teacher else None
+    policy = model.gates.policy()  # the gates move only at the optimizer step: one ranking for the whole batch
     losses = []
     for bi in budgets:
         bt = torch.tensor([bi], device=ids.device)
@@ -219,7 +220,8 @@ def _stage_loss(
             t_logits, t_states = shared
         # Straight-through: the forward pass uses the serving mask (same crossing-budget ranking), the
         # backward pass reaches the gate parameters through g(b).
-        s_logits, s_states = model.logits_and_states(ids, mask, model.ste_gates(bt)[0], model.hard_depth(bi))
+        s_logits, s_states = model.logits_and_states(ids, mask, model.ste_gates(bt, policy)[0],
+                                                     policy.plan(bi).depth)
         losses.append(_hard_loss(s_logits, s_states, t_logits, t_states, mask, y, recipe))
     return torch.stack(losses).mean()
 
@@ -262,8 +264,9 @@ def _fused_stage_loss(
                 ids_r, mask_r, teacher.soft_gates(bt).repeat_interleave(bsz, dim=0))
             t_logits = list(t_all.split(bsz))
             t_states = [[s.split(bsz)[i] for s in t_st_all] for i in range(nb)]
-    s_all, s_st_all = model.logits_and_states(ids_r, mask_r, model.ste_gates(bt).repeat_interleave(bsz, dim=0),
-                                              model.depth_of(budgets).repeat_interleave(bsz).to(ids.device))
+    policy = model.gates.policy()
+    s_all, s_st_all = model.logits_and_states(ids_r, mask_r, model.ste_gates(bt, policy).repeat_interleave(bsz, dim=0),
+                                              model.depth_of(budgets, policy).repeat_interleave(bsz).to(ids.device))
     s_logits = s_all.split(bsz)
     return torch.stack([
         _hard_loss(s_logits[i], [s.split(bsz)[i] for s in s_st_all], t_logits[i], t_states[i], mask, y, recipe)
