@@ -33,7 +33,8 @@ from headbudget.models.plan import ExecutionPlan
 # Bump whenever the graph or the weight layout changes: it is part of the on-disk cache key.
 # 7: whole-model budgets (neuron-ordered feed-forward store, feed-forward prefixes in the graphs).
 # 8: int8 whole-model W1 stored (I, D) like fp32, run by QGemm(transB=1): no per-width copies.
-BUILDER_VERSION = 9
+# 10: fp32 residual biases folded (weights.fold_residual_biases): the residual rides in the second Gemm's C.
+BUILDER_VERSION = 10
 OPSET = 17
 MS = "com.microsoft"
 _NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int8): TensorProto.INT8}
@@ -41,7 +42,8 @@ _NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int8): Tenso
 
 def _shared(cfg: ModelConfig, precision: Precision) -> tuple[str, ...]:
     """Initializers outside the layers: int8 adds the word table's per-row scales, a pooler its layer."""
-    return (("word", "pos_tt", "emb_g", "emb_b", "cls_w", "cls_b") + (("word_s",) if precision == "int8" else ())
+    emb_b = "emb_b" if precision == "int8" else "emb_bf"  # fp32: carries layer 0's b_O (fold_residual_biases)
+    return (("word", "pos_tt", "emb_g", emb_b, "cls_w", "cls_b") + (("word_s",) if precision == "int8" else ())
             + (("pool_w", "pool_b") if cfg.pooler != "none" else ()))
 
 
@@ -72,6 +74,13 @@ def _ffn_sliced(store: Arrays, layer: int, w: int, precision: Precision) -> Arra
     return out
 
 
+def _norm_names(precision: Precision, last: bool) -> list[str]:
+    """A layer's bias and norm arrays: fp32 folds the block biases into the norms (``fold_residual_biases``)."""
+    if precision == "int8":
+        return ["bo", "ln1_g", "ln1_b", "b2", "ln2_g", "ln2_b"]
+    return ["ln1_g", "ln1_b", "ln2_g", "ln2_b" if last else "ln2_bf"]
+
+
 def _run_layers(cfg: ModelConfig, plan: ExecutionPlan) -> list[tuple[int, int]]:
     """(heads, neurons) of each layer the plan runs: every layer, or those below its exit."""
     pairs = zip(plan.heads, plan.ffn_widths(cfg.intermediate_size), strict=True)
@@ -87,9 +96,10 @@ def bind(
         del out["cls_w"], out["cls_b"]
         out.update({n: store[n] for n in (f"exit{plan.depth}_w", f"exit{plan.depth}_b")})
     int8 = precision == "int8"
-    for layer, (k, w) in enumerate(_run_layers(cfg, plan)):
+    run = _run_layers(cfg, plan)
+    for layer, (k, w) in enumerate(run):
         p = f"l{layer}."
-        names = ["bo", "ln1_g", "ln1_b", "b2", "ln2_g", "ln2_b"]
+        names = _norm_names(precision, layer == len(run) - 1)
         if w == cfg.intermediate_size:
             names += ["w1", "b1", "w2"] + (["w1_s", "w2_s"] if int8 else [])
             if int8 and "w1_z" in store:
@@ -110,6 +120,7 @@ class _Graph:
 
     def __init__(self, cfg: ModelConfig, precision: Precision) -> None:
         self.cfg, self.precision = cfg, precision
+        self.fold = precision == "fp32"  # residual biases folded: the residual is the second Gemm's C input
         self.nodes: list[onnx.NodeProto] = []
         self.count = 0
 
@@ -141,10 +152,18 @@ class _Graph:
         xq, xs, xz = self.op("DynamicQuantizeLinear", [x], n_out=3).split(",")
         return self.op("QGemm", [xq, xs, xz, w, scale, zero], domain=MS, transB=1)
 
+    def norm(self, x: str, gamma: str, beta: str) -> str:
+        return self.op("LayerNormalization", [x, gamma, beta], axis=-1, epsilon=self.cfg.layer_norm_eps)
+
     def add_norm(self, y: str, x: str, gamma: str, beta: str) -> str:
         # Add + LayerNormalization measured faster on CPU than the contrib SkipLayerNormalization kernel.
-        return self.op("LayerNormalization", [self.op("Add", [y, x]), gamma, beta], axis=-1,
-                       epsilon=self.cfg.layer_norm_eps)
+        return self.norm(self.op("Add", [y, x]), gamma, beta)
+
+    def residual_out(self, h: str, w: str, bias: str, scale: str, x: str) -> str:
+        """x + h @ W (+ bias): fp32 as one Gemm whose C is the residual x (its bias folded into x), int8 an Add."""
+        if self.fold:
+            return self.op("Gemm", [h, w, x])
+        return self.op("Add", [self.linear(h, w, bias, scale), x])
 
     def switch(self, cond: str, then: Callable[[_Graph], str], other: Callable[[_Graph], str]) -> str:
         """An If node whose branches are built by ``then`` / ``other`` on child graphs (outer names visible)."""
@@ -165,8 +184,8 @@ class _Graph:
         [B*N, k*dh] are graph inputs named ``l{layer}.wqkv`` ... (see ``dynamic_inputs``), not initializers.
         """
         p, dh = f"l{layer}.", self.cfg.head_dim
-        if k == 0:
-            return self.add_norm(p + "bo", x, p + "ln1_g", p + "ln1_b")
+        if k == 0:  # fp32: x already carries b_O (weights.fold_residual_biases)
+            return self.norm(x if self.fold else self.op("Add", [p + "bo", x]), p + "ln1_g", p + "ln1_b")
         fp32 = self.precision == "fp32"
         sfx = "" if k is None else f".k{k}"
         qkv = self.linear(x, f"{p}wqkv{sfx}", f"{p}bqkv{sfx}", f"{p}wqkv_s{sfx}", trans_b=fp32)  # (B*N, 3*k*dh)
@@ -179,19 +198,22 @@ class _Graph:
         ctx = self.op("Transpose", [self.op("MatMul", [probs, v])], perm=[0, 1, 3, 2, 4])  # (1, B, N, k, dh)
         flat = p + "flat" if k is None else self.const(f"{p}flat.k{k}", np.array([-1, k * dh], np.int64))
         ctx = self.op("Reshape", [ctx, flat])  # (B*N, k*dh)
-        o = self.linear(ctx, f"{p}wo{sfx}", p + "bo", p + "wo_s")  # (B*N, D)
-        return self.add_norm(o, x, p + "ln1_g", p + "ln1_b")
+        o = self.residual_out(ctx, f"{p}wo{sfx}", p + "bo", p + "wo_s", x)  # x + W_O ctx + b_O: (B*N, D)
+        return self.norm(o, p + "ln1_g", p + "ln1_b")
 
-    def ffn(self, x: str, layer: int, w: int | None) -> str:
+    def ffn(self, x: str, layer: int, w: int | None, last: bool) -> str:
         """LN(x + W2·GELU(W1·x + b1) + b2) over the first w neurons, exact (erf) GELU; LN(x + b2) when w = 0.
 
+        ``last``: the layer's output is pooled (fp32 then norms with the plain beta, not the one that carries
+        the next layer's b_O).
         ``w`` = I: the store's full matrices; 0 < w < I: the ``bind`` slices ``l{layer}.w1.n{w}`` ...;
         ``w=None``: the width is decided per call, the slices are graph inputs ``l{layer}.ffn_w1`` ...
         (see ``dynamic_feeds``).  (B*N, D)
         """
         p = f"l{layer}."
-        if w == 0:
-            return self.add_norm(p + "b2", x, p + "ln2_g", p + "ln2_b")
+        beta = p + ("ln2_bf" if self.fold and not last else "ln2_b")
+        if w == 0:  # fp32: x already carries b2
+            return self.norm(x if self.fold else self.op("Add", [p + "b2", x]), p + "ln2_g", beta)
         if w is None:
             w1, b1, w2, w1_s, w1_z = p + "ffn_w1", p + "ffn_b1", p + "ffn_w2", p + "ffn_w1_s", p + "ffn_w1_z"
         else:
@@ -202,7 +224,7 @@ class _Graph:
             h = self.op("BiasGelu", [self.rows_int8(x, w1, w1_s, w1_z), b1], domain=MS)  # (B*N, w)
         else:
             h = self.op("Gelu", [self.linear(x, w1, b1, w1_s, trans_b=rows)], domain=MS)  # (B*N, w)
-        return self.add_norm(self.linear(h, w2, p + "b2", p + "w2_s"), x, p + "ln2_g", p + "ln2_b")
+        return self.norm(self.residual_out(h, w2, p + "b2", p + "w2_s", x), p + "ln2_g", beta)
 
     def embed(self, ids: str) -> str:
         """(B, N) ids -> LN(word + position + token type 0), flattened to (B*N, D)."""
@@ -210,7 +232,7 @@ class _Graph:
         zero = self.const("zero", np.zeros(1, np.int64))
         pos = self.op("Slice", ["pos_tt", zero, n, zero])  # (N, D)
         x = self.op("Add", [self.word(ids), pos])  # (B, N, D)
-        x = self.op("LayerNormalization", [x, "emb_g", "emb_b"], axis=-1, epsilon=self.cfg.layer_norm_eps)
+        x = self.norm(x, "emb_g", "emb_bf" if self.fold else "emb_b")
         return self.op("Reshape", [x, self.const("flat_d", np.array([-1, self.cfg.hidden_size], np.int64))])
 
     def word(self, ids: str) -> str:
@@ -295,8 +317,9 @@ def build_graph(cfg: ModelConfig, plan: ExecutionPlan, precision: Precision, arr
     bn = g.op("Shape", ["input_ids"])  # (2,) = [B, N]
     bias = g.mask_bias("attention_mask")
     x = g.embed("input_ids")
-    for layer, (k, w) in enumerate(_run_layers(cfg, plan)):
-        x = g.ffn(g.attention(x, bn, bias, layer, k), layer, w)
+    run = _run_layers(cfg, plan)
+    for layer, (k, w) in enumerate(run):
+        x = g.ffn(g.attention(x, bn, bias, layer, k), layer, w, last=layer == len(run) - 1)
     logits = g.classify(x, bn, "attention_mask", "cls" if plan.depth is None else f"exit{plan.depth}")  # (B, C)
     return _model(g, [_IDS, _MASK], {"logits": logits}, arrays)
 
@@ -309,11 +332,11 @@ def dynamic_arrays(store: Arrays, cfg: ModelConfig, precision: Precision, cache:
     feed-forward matrices (``l{l}.w1`` ...) are likewise prepacked, used by every budget (attention scope) or
     by the If branch that runs a layer at all its neurons (whole-model budgets).
     """
-    names = ["bo", "ln1_g", "ln1_b", "w1", "b1", "w2", "b2", "ln2_g", "ln2_b"]
-    names += ["w1_s", "w2_s", "wo_s"] if precision == "int8" else []
+    names = ["w1", "b1", "w2"] + (["w1_s", "w2_s", "wo_s"] if precision == "int8" else [])
     out: Arrays = {n: store[n] for n in _shared(cfg, precision) + (("w1_z",) if "w1_z" in store else ())}
     for layer in range(cfg.n_layers):
-        out.update({f"l{layer}.{n}": store[f"l{layer}.{n}"] for n in names})
+        last = layer == cfg.n_layers - 1
+        out.update({f"l{layer}.{n}": store[f"l{layer}.{n}"] for n in names + _norm_names(precision, last)})
         out.update(_sliced(store, layer, cfg.n_heads, cfg.head_dim, precision, cache))
     return out
 
@@ -410,8 +433,9 @@ def build_dynamic(cfg: ModelConfig, precision: Precision, arrays: Arrays) -> onn
         h = x
         x = g.switch(p + "full", partial(_Graph.attention, x=h, bn=bn, bias=bias, layer=layer, k=cfg.n_heads),
                      partial(_Graph.attention, x=h, bn=bn, bias=bias, layer=layer, k=None))
+        last = layer == cfg.n_layers - 1
         if not cfg.ffn_groups:  # attention scope: every neuron, every budget
-            x = g.ffn(x, layer, cfg.intermediate_size)
+            x = g.ffn(x, layer, cfg.intermediate_size, last)
             continue
         inputs += [helper.make_tensor_value_info(p + "ffn_full", TensorProto.BOOL, []),
                    helper.make_tensor_value_info(p + "ffn_w1", wtype, [None, cfg.hidden_size]),  # (w, D) rows
@@ -421,7 +445,7 @@ def build_dynamic(cfg: ModelConfig, precision: Precision, arrays: Arrays) -> onn
             inputs += [helper.make_tensor_value_info(p + "ffn_w1_s", TensorProto.FLOAT, [None]),
                        helper.make_tensor_value_info(p + "ffn_w1_z", TensorProto.INT8, [None])]
         h = x
-        x = g.switch(p + "ffn_full", partial(_Graph.ffn, x=h, layer=layer, w=cfg.intermediate_size),
-                     partial(_Graph.ffn, x=h, layer=layer, w=None))
+        x = g.switch(p + "ffn_full", partial(_Graph.ffn, x=h, layer=layer, w=cfg.intermediate_size, last=last),
+                     partial(_Graph.ffn, x=h, layer=layer, w=None, last=last))
     logits = g.classify(x, bn, "attention_mask")  # (B, C)
     return _model(g, inputs, {"logits": logits}, arrays)

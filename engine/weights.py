@@ -14,6 +14,8 @@ Layout, per layer l, with heads permuted by ``layer_head_orders`` (rank order in
   W2 (I, D) and b1 prefixes are row views. W1 stays in nn.Linear's (I, D) layout (the graph uses
   ``transB=1``) so that its prefix is a row view too, in fp32 and int8, see ``w1_by_rows``. Attention-scope
   stores are exactly as before (identity neuron order, W1 as (D, I)).
+fp32 stores fold the residual biases (``fold_residual_biases``): the graph adds each block's output to the residual
+inside the second Gemm (its C input), which saves an Add over (B*N, D) per block.
 int8 stores (K, N) matrices with one symmetric scale per output column (whole-model W1: (N, K), one per
 row), so that slicing heads out of Q/K/V (columns) or W_O (rows), or neurons out of W1 (one scale per neuron)
 or W2 (rows: one scale per output feature over all I rows), never changes a kept weight's quantized value.
@@ -215,5 +217,35 @@ def pack(state: Arrays, cfg: ModelConfig, policy: BudgetPolicy, precision: Preci
         for name, norm in (("ln1", "attn_norm"), ("ln2", "ffn_norm")):
             out[f"l{layer}.{name}_g"] = state[p + norm + ".weight"]
             out[f"l{layer}.{name}_b"] = state[p + norm + ".bias"]
+    if precision == "fp32":
+        fold_residual_biases(out, cfg)
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+def fold_residual_biases(store: Arrays, cfg: ModelConfig) -> None:
+    """Carry each block's output bias in the residual stream, so that the graph needs no Add per block (fp32).
+
+    Each block computes LN(x + f(x) + b) with f's last matrix product in a Gemm. With x' = x + b the block is
+    LN(f(x' - b) + x'): the Gemm takes x' as its C input (no separate Add), and f's first product sees x' - b
+    through its bias, W(x' - b) + c = Wx' + (c - Wb). x' is the previous LayerNorm's output with b added to its
+    beta. So per layer l (bo = W_O's bias, b2 = W2's): ``bqkv`` -= Wqkv bo, ``ln1_b`` += b2, ``b1`` -= W1 b2, and
+    the norm before layer l gets bo: ``emb_bf`` (emb_b + bo) for l = 0, else ``l{l-1}.ln2_bf`` (ln2_b + bo; ``ln2_b`` stays
+    plain for a layer whose output is pooled: the last one, or the last before an exit). Every fold is per
+    output row (a head's Q/K/V rows, a neuron), so head and neuron prefixes stay prefixes. A layer with no
+    head (no neuron) is LN(x') exactly, as the reference's LN(x + b). Measured (AG News exits checkpoint, one
+    thread, 200 AG News texts, the engine's graphs with and without the fold in one process, each call after
+    an ORT dense call): b = 1 11.28 -> 11.08 ms, b = 0.5 5.54 -> 5.48, b = 0.25 3.02 -> 2.96 (-1 to -2%);
+    logits within 1e-6. int8's DynamicQuantizeMatMul has no C input, so int8 stores stay plain (bit-identical).
+    """
+    rows = w1_by_rows(cfg)
+    store["emb_bf"] = store["emb_b"] + store["l0.bo"]  # emb_b stays plain: EngineBase.embed reads it
+    for layer in range(cfg.n_layers):
+        p = f"l{layer}."
+        bo, b2 = store[p + "bo"].astype(np.float64), store[p + "b2"].astype(np.float64)
+        store[p + "bqkv"] = (store[p + "bqkv"] - store[p + "wqkv"].astype(np.float64) @ bo).astype(np.float32)
+        store[p + "ln1_b"] = store[p + "ln1_b"] + store[p + "b2"]
+        w1 = store[p + "w1"].astype(np.float64)  # (I, D) rows, or (D, I)
+        store[p + "b1"] = (store[p + "b1"] - (w1 @ b2 if rows else b2 @ w1)).astype(np.float32)
+        if layer + 1 < cfg.n_layers:
+            store[p + "ln2_bf"] = store[p + "ln2_b"] + store[f"l{layer + 1}.bo"]
 

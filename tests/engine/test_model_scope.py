@@ -217,3 +217,37 @@ def test_neuron_prefixes_are_views_of_the_one_store(tiny_model_scope_checkpoint:
                 assert np.shares_memory(bound[f"{p}{n}.n{w}"], store[p + n]), (b, layer, n)
             assert feeds[p + "ffn_w1"].shape == (w, cfg.hidden_size)
     assert partial > 0 and not any(".w1" in k for k in cache)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_fp32_graphs_carry_the_residual_in_the_gemm(tiny_model_scope_checkpoint: Path, reference: BudgetedClassifier,
+                                                    precision: str) -> None:
+    """fp32 folds each block's output bias into the residual stream (weights.fold_residual_biases): its graphs
+    add no residual, at any budget and in the all-budget graph; int8 keeps one Add per block. The only other Adds
+    are the position embeddings and the padding mask (one per attention block run)."""
+    from headbudget.engine import onnx_graph as G
+    from headbudget.engine.weights import gate_params, load_state, pack
+    from headbudget.models.budget import head_order
+    from headbudget.models.plan import BudgetPolicy
+
+    cfg = reference.cfg
+    state = load_state(tiny_model_scope_checkpoint, cfg)
+    policy = BudgetPolicy(cfg, head_order(gate_params(state)))
+    store = pack(state, cfg, policy, precision)  # type: ignore[arg-type]
+
+    def adds(model: onnx.ModelProto) -> int:
+        nodes = list(model.graph.node)
+        for node in model.graph.node:  # the If branches of the all-budget graph
+            nodes += [n for a in node.attribute if a.g.node for n in a.g.node]
+        return sum(n.op_type == "Add" for n in nodes)
+
+    for b in (0.1, 0.5, 1.0):
+        plan = policy.plan(b)
+        arrays = G.bind(store, cfg, plan, precision, {})  # type: ignore[arg-type]
+        blocks_with_mask = sum(1 for k in plan.heads if k)
+        residual = 0 if precision == "fp32" else 2 * cfg.n_layers
+        assert adds(G.build_graph(cfg, plan, precision, arrays)) == 1 + blocks_with_mask + residual, b  # type: ignore[arg-type]
+    dynamic = G.build_dynamic(cfg, precision, G.dynamic_arrays(store, cfg, precision, {}))  # type: ignore[arg-type]
+    # Both If branches of each attention and feed-forward block are counted.
+    assert adds(dynamic) == 1 + 2 * cfg.n_layers + (0 if precision == "fp32" else 4 * cfg.n_layers)
+    assert ("l0.ln2_bf" in store) == (precision == "fp32") and "emb_b" in store
