@@ -22,6 +22,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--precision", choices=["fp32", "int8"], default="fp32")
     p.add_argument("--repeats", type=positive_int, default=30)
     p.add_argument("--no-memory", action="store_true", help="skip the resident-memory comparison")
+    p.add_argument("--warm-cache", action="store_true",
+                   help="time each call right after an untimed call of the same method (one budget's steady "
+                        "traffic) instead of after all the others (a mix of budgets)")
     p.add_argument("--out", type=Path, required=True, help="where to write bench.json")
     p.set_defaults(func=run)
 
@@ -47,7 +50,7 @@ def _minilm_checkpoint(folder: Path) -> Path:
 
 def _table(r: dict[str, Any]) -> str:
     lines = [f"cpu: {r['cpu']}  precision: {r['precision']}  seq_len: {r['seq_len']} (median tokens "
-             f"{r['median_tokens']})  batch: {r['batch_size']}  threads: {r['threads']}",
+             f"{r['median_tokens']})  batch: {r['batch_size']}  threads: {r['threads']}  cache: {r['cache']}",
              f"{'budget':>7} {'heads':>6} {'ms':>8} {'p90':>8} {'vs b=1':>7} {'vs ORT':>7} {'FLOP bound':>10}"]
     for row in r["rows"]:
         lines.append(f"{row['budget']:>7.2f} {row['heads_active']:>6} {row['latency_ms']:>8.2f} {row['p90_ms']:>8.2f} "
@@ -69,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="headbudget-base-") as tmp:
         model_dir = args.model or _minilm_checkpoint(Path(tmp) / "minilm")
         cfg = BenchConfig(model_dir=model_dir, seq_len=args.seq_len, batch_size=args.batch_size, data=args.data,
-                          precision=args.precision, repeats=args.repeats, memory=not args.no_memory)
+                          precision=args.precision, repeats=args.repeats, memory=not args.no_memory,
+                          warm_cache=args.warm_cache)
         result = run_bench(cfg)
     result["command"] = "headbudget bench " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("func", "command") and v not in (None, False))

@@ -20,6 +20,7 @@ def test_bench_writes_the_documented_fields(tiny_checkpoint: Path, tmp_path: Pat
     assert set(r["peers"]) == {"hf_eager_ms", "hf_sdpa_ms", "ort_fp32_ms", "ort_int8_ms"}
     assert r["max_abs_logit_diff"] < 1e-4
     assert r["rows"][0]["flop_bound_speedup"] == 1.0
+    assert r["cache"] == "cold"
 
 
 def test_bench_rejects_a_folder_as_out(tiny_checkpoint: Path, tmp_path: Path) -> None:
@@ -40,3 +41,25 @@ def test_memory_figure_measures_the_engine_with_and_without_prepacked_budgets(
                       "engine_unprepacked_over_dense"}
     assert m["engine_over_dense"] == round(m["engine_mb"] / m["dense_mb"], 3)
     assert m["engine_unprepacked_over_dense"] == round(m["engine_unprepacked_mb"] / m["dense_mb"], 3)
+
+
+def test_warm_cache_times_each_call_right_after_an_untimed_call_of_the_same_method() -> None:
+    import numpy as np
+
+    from headbudget.experiments.bench import time_round_robin
+
+    calls: list[str] = []
+    methods = {name: (lambda ids, mask, name=name: calls.append(name)) for name in ("a", "b")}
+    batches = [(np.zeros((1, 2), np.int64), np.ones((1, 2), np.int32))] * 4
+    for warm, expected in ((False, ["a", "b"] * 4), (True, ["a", "a", "b", "b"] * 4)):
+        calls.clear()
+        times = time_round_robin(methods, batches, warmup=1, warm_cache=warm)
+        assert calls == expected and {len(t) for t in times.values()} == {3}
+
+
+def test_bench_records_which_cache_it_timed(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--model", str(tiny_checkpoint), "--seq-len", "16", "--repeats", "2", "--no-memory",
+                 "--warm-cache", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["cache"] == "warm" and "--warm-cache True" in r["command"]
