@@ -155,12 +155,11 @@ class _Graph:
     def norm(self, x: str, gamma: str, beta: str) -> str:
         return self.op("LayerNormalization", [x, gamma, beta], axis=-1, epsilon=self.cfg.layer_norm_eps)
 
-    def add_norm(self, y: str, x: str, gamma: str, beta: str) -> str:
-        # Add + LayerNormalization measured faster on CPU than the contrib SkipLayerNormalization kernel.
-        return self.norm(self.op("Add", [y, x]), gamma, beta)
-
     def residual_out(self, h: str, w: str, bias: str, scale: str, x: str) -> str:
-        """x + h @ W (+ bias): fp32 as one Gemm whose C is the residual x (its bias folded into x), int8 an Add."""
+        """x + h @ W (+ bias): fp32 as one Gemm whose C is the residual x (its bias folded into x), int8 an Add.
+
+        The norm after it stays a plain LayerNormalization: Add + LayerNormalization measured faster on this CPU
+        than the contrib SkipLayerNormalization kernel (docs/results.md section 9)."""
         if self.fold:
             return self.op("Gemm", [h, w, x])
         return self.op("Add", [self.linear(h, w, bias, scale), x])
