@@ -51,10 +51,13 @@ def _minilm_checkpoint(folder: Path) -> Path:
 def _table(r: dict[str, Any]) -> str:
     lines = [f"cpu: {r['cpu']}  precision: {r['precision']}  seq_len: {r['seq_len']} (median tokens "
              f"{r['median_tokens']})  batch: {r['batch_size']}  threads: {r['threads']}  cache: {r['cache']}",
-             f"{'budget':>7} {'heads':>6} {'ms':>8} {'p90':>8} {'vs b=1':>7} {'vs ORT':>7} {'FLOP bound':>10}"]
+             f"{'budget':>7} {'heads':>6} {'ms':>8} {'p90':>8} {'vs b=1':>7} {'95% interval':>13} {'vs ORT':>7} "
+             f"{'FLOP bound':>10}"]
     for row in r["rows"]:
+        lo, hi = row["speedup_vs_b1_ci95"]
         lines.append(f"{row['budget']:>7.2f} {row['heads_active']:>6} {row['latency_ms']:>8.2f} {row['p90_ms']:>8.2f} "
-                     f"{row['speedup_vs_b1']:>7.2f} {row['speedup_vs_ort_dense']:>7.2f} {row['flop_bound_speedup']:>10.2f}")
+                     f"{row['speedup_vs_b1']:>7.2f} {f'{lo:.2f}-{hi:.2f}':>13} {row['speedup_vs_ort_dense']:>7.2f} "
+                     f"{row['flop_bound_speedup']:>10.2f}")
     lines.append("peers: " + "  ".join(f"{k} {v:.2f}" for k, v in r["peers"].items()))
     lines.append(f"max |engine - reference| logit: {r['max_abs_logit_diff']:.2e}   rss: {r['rss_mb']} MB")
     lines.append(f"fixed per-call overhead vs ORT dense (2 tokens, paired): {r['overhead_ms']:.3f} ms;  "

@@ -21,6 +21,10 @@ def test_bench_writes_the_documented_fields(tiny_checkpoint: Path, tmp_path: Pat
     assert r["max_abs_logit_diff"] < 1e-4
     assert r["rows"][0]["flop_bound_speedup"] == 1.0
     assert r["cache"] == "cold"
+    for row in r["rows"]:  # each headline ratio with its bootstrap interval around it
+        for key in ("speedup_vs_b1", "speedup_vs_ort_dense"):
+            lo, hi = row[key + "_ci95"]
+            assert 0 < lo <= hi
 
 
 def test_bench_rejects_a_folder_as_out(tiny_checkpoint: Path, tmp_path: Path) -> None:
@@ -63,3 +67,21 @@ def test_bench_records_which_cache_it_timed(tiny_checkpoint: Path, tmp_path: Pat
                  "--warm-cache", "--out", str(out)]) == 0
     r = json.loads(out.read_text())
     assert r["cache"] == "warm" and "--warm-cache True" in r["command"]
+
+
+def test_ratio_interval_covers_the_ratio_and_narrows_with_more_rounds() -> None:
+    import numpy as np
+
+    from headbudget.experiments.bench import ratio_ci95
+
+    rng = np.random.default_rng(3)
+    widths = []
+    for n in (30, 300):
+        den = rng.lognormal(0.0, 0.3, n)  # per-round times of a method 4x faster, with per-text spread
+        num = 4.0 * den * rng.lognormal(0.0, 0.05, n)
+        lo, hi = ratio_ci95(num.tolist(), den.tolist())
+        point = float(np.median(num) / np.median(den))
+        assert lo <= point <= hi and lo < 4.0 < hi
+        widths.append(hi - lo)
+    assert widths[1] < 0.7 * widths[0]
+    assert ratio_ci95([2.0] * 10, [1.0] * 10) == [2.0, 2.0]
