@@ -228,9 +228,10 @@ def fold_residual_biases(store: Arrays, cfg: ModelConfig) -> None:
     Each block computes LN(x + f(x) + b) with f's last matrix product in a Gemm. With x' = x + b the block is
     LN(f(x' - b) + x'): the Gemm takes x' as its C input (no separate Add), and f's first product sees x' - b
     through its bias, W(x' - b) + c = Wx' + (c - Wb). x' is the previous LayerNorm's output with b added to its
-    beta. So per layer l (bo = W_O's bias, b2 = W2's): ``bqkv`` -= Wqkv bo, ``ln1_b`` += b2, ``b1`` -= W1 b2, and
-    the norm before layer l gets bo: ``emb_bf`` (emb_b + bo) for l = 0, else ``l{l-1}.ln2_bf`` (ln2_b + bo; ``ln2_b`` stays
-    plain for a layer whose output is pooled: the last one, or the last before an exit). Every fold is per
+    beta. So per layer l (bo = W_O's bias, b2 = W2's): ``bqkv`` -= Wqkv bo, ``ln1_b`` += b2, ``b1`` -= W1 b2,
+    and the norm before layer l gets bo: ``emb_bf`` (emb_b + bo) for l = 0, else ``l{l-1}.ln2_bf`` (ln2_b + bo;
+    ``ln2_b`` stays plain for a layer whose output is pooled: the last one, or the last before an exit). The
+    names ``bqkv``, ``ln1_b`` and ``b1`` hold the folded values in fp32 stores. Every fold is per
     output row (a head's Q/K/V rows, a neuron), so head and neuron prefixes stay prefixes. A layer with no
     head (no neuron) is LN(x') exactly, as the reference's LN(x + b). Measured (AG News exits checkpoint, one
     thread, 200 AG News texts, the engine's graphs with and without the fold in one process, each call after
