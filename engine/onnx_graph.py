@@ -26,7 +26,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from headbudget.engine.types import Precision
-from headbudget.engine.weights import Arrays, w1_by_rows
+from headbudget.engine.weights import Arrays, folds_residual_biases, w1_by_rows
 from headbudget.models.config import ModelConfig
 from headbudget.models.plan import ExecutionPlan
 
@@ -42,8 +42,7 @@ _NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int8): Tenso
 
 def _shared(cfg: ModelConfig, precision: Precision) -> tuple[str, ...]:
     """Initializers outside the layers: int8 adds the word table's per-row scales, a pooler its layer."""
-    emb_b = "emb_b" if precision == "int8" else "emb_bf"  # fp32: carries layer 0's b_O (fold_residual_biases)
-    return (("word", "pos_tt", "emb_g", emb_b, "cls_w", "cls_b") + (("word_s",) if precision == "int8" else ())
+    return (("word", "pos_tt", "emb_g", _emb_beta(precision), "cls_w", "cls_b") + (("word_s",) if precision == "int8" else ())
             + (("pool_w", "pool_b") if cfg.pooler != "none" else ()))
 
 
@@ -74,11 +73,20 @@ def _ffn_sliced(store: Arrays, layer: int, w: int, precision: Precision) -> Arra
     return out
 
 
+def _emb_beta(precision: Precision) -> str:
+    """The embedding norm's beta: folded stores' carries layer 0's b_O (weights.fold_residual_biases)."""
+    return "emb_bf" if folds_residual_biases(precision) else "emb_b"
+
+
+def _ln2_beta(precision: Precision, last: bool) -> str:
+    """A layer's last norm's beta: folded stores' carries the next layer's b_O, unless the output is pooled."""
+    return "ln2_bf" if folds_residual_biases(precision) and not last else "ln2_b"
+
+
 def _norm_names(precision: Precision, last: bool) -> list[str]:
-    """A layer's bias and norm arrays: fp32 folds the block biases into the norms (``fold_residual_biases``)."""
-    if precision == "int8":
-        return ["bo", "ln1_g", "ln1_b", "b2", "ln2_g", "ln2_b"]
-    return ["ln1_g", "ln1_b", "ln2_g", "ln2_b" if last else "ln2_bf"]
+    """A layer's bias and norm arrays: folded stores carry the block biases in the norms, plain ones add them."""
+    plain = [] if folds_residual_biases(precision) else ["bo", "b2"]
+    return plain + ["ln1_g", "ln1_b", "ln2_g", _ln2_beta(precision, last)]
 
 
 def _run_layers(cfg: ModelConfig, plan: ExecutionPlan) -> list[tuple[int, int]]:
@@ -120,7 +128,7 @@ class _Graph:
 
     def __init__(self, cfg: ModelConfig, precision: Precision) -> None:
         self.cfg, self.precision = cfg, precision
-        self.fold = precision == "fp32"  # residual biases folded: the residual is the second Gemm's C input
+        self.fold = folds_residual_biases(precision)  # the residual is then the second Gemm's C input
         self.nodes: list[onnx.NodeProto] = []
         self.count = 0
 
@@ -210,7 +218,7 @@ class _Graph:
         (see ``dynamic_feeds``).  (B*N, D)
         """
         p = f"l{layer}."
-        beta = p + ("ln2_bf" if self.fold and not last else "ln2_b")
+        beta = p + _ln2_beta(self.precision, last)
         if w == 0:  # fp32: x already carries b2
             return self.norm(x if self.fold else self.op("Add", [p + "b2", x]), p + "ln2_g", beta)
         if w is None:
@@ -231,7 +239,7 @@ class _Graph:
         zero = self.const("zero", np.zeros(1, np.int64))
         pos = self.op("Slice", ["pos_tt", zero, n, zero])  # (N, D)
         x = self.op("Add", [self.word(ids), pos])  # (B, N, D)
-        x = self.norm(x, "emb_g", "emb_bf" if self.fold else "emb_b")
+        x = self.norm(x, "emb_g", _emb_beta(self.precision))
         return self.op("Reshape", [x, self.const("flat_d", np.array([-1, self.cfg.hidden_size], np.int64))])
 
     def word(self, ids: str) -> str:

@@ -217,9 +217,15 @@ def pack(state: Arrays, cfg: ModelConfig, policy: BudgetPolicy, precision: Preci
         for name, norm in (("ln1", "attn_norm"), ("ln2", "ffn_norm")):
             out[f"l{layer}.{name}_g"] = state[p + norm + ".weight"]
             out[f"l{layer}.{name}_b"] = state[p + norm + ".bias"]
-    if precision == "fp32":
+    if folds_residual_biases(precision):
         fold_residual_biases(out, cfg)
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+def folds_residual_biases(precision: Precision) -> bool:
+    """Whether a store of ``precision`` holds folded biases (and its graphs add no residual): fp32 only, since
+    int8's DynamicQuantizeMatMul has no C input to carry the residual."""
+    return precision == "fp32"
 
 
 def fold_residual_biases(store: Arrays, cfg: ModelConfig) -> None:
