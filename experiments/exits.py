@@ -1,9 +1,9 @@
 """Early exits on a finished whole-model checkpoint: would skipping the top layers beat the width plans?
 
 Issue 16's optional layer skipping, measured before it is built. On the frozen checkpoint, one linear head per
-exit depth d < L reads the pooled output of layer d (the model's own pooling); it is fitted on training-split
-features taken at every width budget in ``--widths`` at once, so that one head serves every width, as a shipped
-exit would. An exit plan (d, w) runs the first d layers of the checkpoint's own plan at width budget w: it stays
+exit depth d < L (below the first exit, for a checkpoint trained with exits) reads the pooled output of layer d
+(the model's own pooling); it is fitted on training-split features taken at every width budget in ``--widths``
+at once, so that one head serves every width, as a shipped exit would. An exit plan (d, w) runs the first d layers of the checkpoint's own plan at width budget w: it stays
 nested (a larger d or w keeps every unit a smaller one keeps). Its cost is those layers' multiply-adds at the
 reference length over the dense model's; its latency is timed with the engine's own graph builder (the plan cut
 to d layers, prepacked, one thread), round-robin with the checkpoint's own budgets in one process, and placed on
@@ -53,6 +53,14 @@ def layer_features(model: BudgetedClassifier, data: TokenizedSplit, gate: torch.
     result = np.empty_like(feats)
     result[order_for_eval(data)] = feats
     return result
+
+
+@torch.no_grad()
+def own_logits(model: BudgetedClassifier, feats: np.ndarray, depth: int | None) -> np.ndarray:
+    """What the checkpoint answers from its pooled layer outputs (N, L, D): the classifier on the top layer, or
+    the trained exit head of a plan that stops at layer ``depth``.  (N, C)"""
+    d = depth or model.cfg.n_layers
+    return model.answer(torch.from_numpy(feats[:, d - 1])[:, None], torch.ones(len(feats), 1), d).numpy()
 
 
 def _logistic(x: torch.Tensor, y: torch.Tensor, n_labels: int, wd: float) -> torch.nn.Linear:
@@ -140,8 +148,11 @@ def measure(model_dir: Path, data: str, widths: list[float], budgets: list[float
     cfg, policy = model.cfg, model.gates.policy()
     if cfg.gate.scope != "model" or cfg.pooler != "none":
         raise ValueError(f"{model_dir}: exits are measured on whole-model checkpoints without a pooler layer")
-    if cfg.gate.exits:  # its own plans already stop at trained exits; fitting probes on top would mix the two
-        raise ValueError(f"{model_dir}: the checkpoint has exits of its own (layers {list(cfg.gate.exits)})")
+    # A checkpoint with trained exits is probed only below its first one: above it, its own plans already stop
+    # at a trained exit, and a probe there would measure the two mixed.
+    depths = range(1, min(cfg.gate.exits) if cfg.gate.exits else cfg.n_layers)
+    if not depths:
+        raise ValueError(f"{model_dir}: no layer below its first exit (layer {min(cfg.gate.exits)}) to probe")
     run = json.loads((model_dir / "run.json").read_text()) if (model_dir / "run.json").is_file() else {}
     ds = load_data(data, seed=int(run.get("seed", 7)))
     enc = TextEncoder(model_dir, meta.get("max_length", cfg.max_position))
@@ -154,14 +165,13 @@ def measure(model_dir: Path, data: str, widths: list[float], budgets: list[float
         gate = None if b >= 1.0 else model.hard_gates(b)
         names = ("train", "validation", "test") if b in widths else ("validation", "test")  # heads fit on widths
         feats[b] = {name: layer_features(model, split[name], gate) for name in names}
-        with torch.no_grad():
-            hit = {name: model.head(torch.from_numpy(feats[b][name][:, -1])).numpy().argmax(1) == split[name].labels
-                   for name in ("validation", "test")}
+        hit = {name: own_logits(model, feats[b][name], policy.plan(b).depth).argmax(1) == split[name].labels
+               for name in ("validation", "test")}
         own[b] = {name: float(h.mean()) for name, h in hit.items()}
         if b in budgets:
             correct[f"own@{b:.2f}"] = (policy.plan(b).cost(shape, n_ref).ratio, hit["test"])
     rows: list[dict[str, Any]] = []
-    for depth in range(1, cfg.n_layers):
+    for depth in depths:
         x = np.concatenate([feats[w]["train"][:, depth - 1] for w in widths])
         y = np.concatenate([split["train"].labels] * len(widths))
         xv = np.concatenate([feats[w]["validation"][:, depth - 1] for w in widths])

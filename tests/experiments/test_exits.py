@@ -84,6 +84,35 @@ def test_exits_are_measured_against_the_checkpoints_own_curve(tiny_model_scope_c
     assert doc["n_test"] == 30
 
 
+def test_a_checkpoint_with_exits_is_probed_below_its_first_exit_and_answers_with_its_own(
+        tmp_path: Path) -> None:
+    """Above a trained exit the checkpoint's plans stop there already; its own accuracy is what it serves."""
+    from headbudget.experiments.exits import measure
+    from headbudget.training.batches import batches, order_for_eval, tokenize
+    from headbudget.training.data import load_data
+    from headbudget.models.tokenizer import TextEncoder
+    from tests.conftest import make_random_checkpoint
+
+    ckpt = make_random_checkpoint(tmp_path / "exits", seed=11, scope="model", ffn_group=32, exits=(2,), n_layers=4)
+    data = _data(tmp_path / "data")
+    budgets = [0.2, 0.5, 1.0]
+    doc = measure(ckpt, str(data), [0.2, 0.5], budgets, 4, 1)
+    assert sorted({r["depth"] for r in doc["exits"]}) == [1]  # the only layer below the exit at 2
+    model, meta = load_checkpoint(ckpt)
+    policy = model.gates.policy()
+    assert policy.plan(0.2).depth == 2 and policy.plan(1.0).depth is None  # both answer paths are exercised
+    test = tokenize(load_data(str(data), seed=7).split("test"), TextEncoder(ckpt, meta.get("max_length", 128)))
+    model.eval()
+    for own in doc["own"]:
+        preds = []
+        with torch.no_grad():
+            for ids, mask, _ in batches(test, 128, torch.device("cpu")):
+                preds.append(model.hard_logits(ids, mask, own["budget"]).argmax(1).numpy())
+        order = np.empty(len(test.labels), np.int64)
+        order[order_for_eval(test)] = np.concatenate(preds)
+        assert own["accuracy"] == pytest.approx(float((order == test.labels).mean()))
+
+
 def test_the_engine_runs_a_plan_cut_to_its_first_layers(tiny_model_scope_checkpoint: Path) -> None:
     """What the exit timings run: the engine's graph for the first d layers equals the reference's layer d."""
     from headbudget.engine.factory import load_engine
