@@ -129,7 +129,7 @@ def bench_texts(model_dir: Path, data: Path, n: int = 300, warmup: int = 10,
         other.warmup()
         loaded.append(other)
         methods[name] = (lambda e, b: lambda ids, mask: e.predict_ids(ids, mask, b))(other, budget)  # type: ignore[attr-defined]
-    times = time_round_robin(methods, batches, warmup, warm_cache=True)
+    times = time_round_robin(methods, batches, warmup, "warm")
     ratios = []
     for ids, _ in batches[warmup:]:
         _, usage = engine.run_rows([ids[0]], cap)

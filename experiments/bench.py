@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -28,6 +28,18 @@ from headbudget.engine.types import EngineOptions, Precision
 
 log = logging.getLogger(__name__)
 BENCH_BUDGETS = (1.0, 0.75, 0.5, 0.25, 0.1)
+Cache = Literal["cold", "warm", "steady"]
+# What ran on the core before a timed call, i.e. where its weights are read from:
+# - cold (the default): every other method of the round, whose weights evict its own, as in a server whose
+#   requests switch budget (and model) call by call;
+# - warm: one untimed call of the same method on the same input;
+# - steady: a run of calls of the same method, as in a worker whose traffic stays at one budget (a tier's
+#   default): the rounds go in blocks of STEADY_BLOCK texts, and each method times a block right after an
+#   untimed pass over it. Why both: on this CPU one call does not refill the caches; b = 0.25 at AG News
+#   lengths took 2.87 ms after b = 1, 2.71 after one untimed call, 2.49 after eight and 2.40 in a long run of
+#   its own (docs/results.md section 9). Its 10 MB of weights fit the 32 MB L3, b = 1's 42 MB do not.
+CACHES: tuple[Cache, ...] = ("cold", "warm", "steady")
+STEADY_BLOCK = 10
 
 
 @dataclass(frozen=True)
@@ -41,11 +53,7 @@ class BenchConfig:
     warmup: int = 5
     threads: int = 1
     memory: bool = True  # measure resident memory in subprocesses (adds a few seconds)
-    # Cold (the default): each call runs after every other method of its round, whose weights evict its own
-    # from the caches, as in a server that mixes budgets. Warm: each call right after an untimed call of the
-    # same method, as in a server whose traffic stays at one budget (a tier's default): a budget whose weights
-    # fit in the last-level cache (b = 0.25 of MiniLM, 10 MB) then reads them from there; b = 1 (42 MB) cannot.
-    warm_cache: bool = False
+    cache: Cache = "cold"  # see CACHES
 
 
 def rss_mb() -> float:
@@ -101,17 +109,23 @@ def make_batches(engine: Any, cfg: BenchConfig) -> list[tuple[np.ndarray, np.nda
 
 def time_round_robin(methods: dict[str, Callable[[np.ndarray, np.ndarray], object]],
                      batches: Sequence[tuple[np.ndarray, np.ndarray]], warmup: int,
-                     warm_cache: bool = False) -> dict[str, list[float]]:
-    """Per-method call times; ``warm_cache`` runs each call once untimed first, so that every method is
-    timed with its own weights in cache rather than after another method evicted them."""
+                     cache: Cache = "cold") -> dict[str, list[float]]:
+    """Per-method call times, one per batch after the first ``warmup``, in batch order (so rounds stay paired
+    across methods); ``cache`` says what runs before each timed call (CACHES)."""
     times: dict[str, list[float]] = {name: [] for name in methods}
-    for i, (ids, mask) in enumerate(batches):
-        for name, fn in methods.items():
-            if warm_cache:
-                fn(ids, mask)
+    block = STEADY_BLOCK if cache == "steady" else 1
+    for start in range(0, len(batches), block):
+        chunk = list(enumerate(batches[start : start + block], start))
+        # cold: methods alternate call by call; warm and steady: each timed pass follows an untimed one
+        order = ([(i, b, name) for i, b in chunk for name in methods] if cache == "cold" else
+                 [(i, b, name) for name in methods for _ in ("untimed", "timed") for i, b in chunk])
+        timed = set() if cache == "cold" else {(i, name) for i, _ in chunk for name in methods}
+        for i, (ids, mask), name in order:
             t0 = time.perf_counter()
-            fn(ids, mask)
-            if i >= warmup:
+            methods[name](ids, mask)
+            if (i, name) in timed:  # the first pass of a warm or steady pair
+                timed.discard((i, name))
+            elif i >= warmup:
                 times[name].append(time.perf_counter() - t0)
     return times
 
@@ -212,7 +226,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "ort_fp32": peers.ort_runner(peers.ort_session(dense_fp32, cfg.threads)),
         "ort_int8": peers.ort_runner(peers.ort_session(dense_int8, cfg.threads)),
     })
-    times = time_round_robin(methods, batches, cfg.warmup, warm_cache=cfg.warm_cache)
+    times = time_round_robin(methods, batches, cfg.warmup, cfg.cache)
     lengths = [int(m.sum(1).mean()) for _, m in batches[cfg.warmup:]]
     n_cost = int(np.median(lengths))
     dense_key = "ort_fp32" if cfg.precision == "fp32" else "ort_int8"
@@ -231,7 +245,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     result: dict[str, Any] = {
         "model": engine.info.name, "seq_len": cfg.seq_len if cfg.data is None else "data",
         "median_tokens": n_cost, "batch_size": cfg.batch_size, "threads": cfg.threads,
-        "precision": cfg.precision, "repeats": cfg.repeats, "cache": "warm" if cfg.warm_cache else "cold",
+        "precision": cfg.precision, "repeats": cfg.repeats, "cache": cfg.cache,
         "cpu": cpu_name(), "rows": rows,
         "peers": {f"{k}_ms": _ms(times[k], 0.5) for k in ("hf_eager", "hf_sdpa", "ort_fp32", "ort_int8")},
         "max_abs_logit_diff": max_logit_diff(engine, model, batches[: 3]),
@@ -286,10 +300,9 @@ def overhead(engine: Any, ort_dense: Callable[[np.ndarray, np.ndarray], object],
     bare = getattr(engine, "bare_run", None)
     if bare is not None:
         methods["bare"] = lambda i, m: bare(i, m, 1.0)
-    t = time_round_robin(methods, rounds, 5, warm_cache=True)  # at 2 tokens cache warmth would dominate
+    t = time_round_robin(methods, rounds, 5, "warm")  # at 2 tokens cache warmth would dominate
     t2 = time_round_robin({"predict": lambda i, m: engine.predict(text, 1.0),
-                           "predict_ids": lambda i, m: engine.predict_ids(tids, tmask, 1.0)}, rounds, 5,
-                          warm_cache=True)
+                           "predict_ids": lambda i, m: engine.predict_ids(tids, tmask, 1.0)}, rounds, 5, "warm")
     out = {"overhead_ms": _paired_ms(t["engine"], t["ort"]),
            "engine_2_tokens_ms": _ms(t["engine"], 0.5), "ort_dense_2_tokens_ms": _ms(t["ort"], 0.5),
            "engine_minus_ort_at_bench_lengths_ms": _paired_ms(times["engine@1.0"], times[dense_key]),

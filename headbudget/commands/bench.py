@@ -22,9 +22,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--precision", choices=["fp32", "int8"], default="fp32")
     p.add_argument("--repeats", type=positive_int, default=30)
     p.add_argument("--no-memory", action="store_true", help="skip the resident-memory comparison")
-    p.add_argument("--warm-cache", action="store_true",
-                   help="time each call right after an untimed call of the same method (one budget's steady "
-                        "traffic) instead of after all the others (a mix of budgets)")
+    p.add_argument("--cache", choices=["cold", "warm", "steady"], default="cold",
+                   help="what runs before each timed call: every other method (cold: budgets switching call by "
+                        "call), one untimed call of the same method (warm), or a run of them (steady: one "
+                        "budget's traffic)")
+    p.add_argument("--warm-cache", action="store_true", help=argparse.SUPPRESS)  # session 21's name for --cache warm
     p.add_argument("--out", type=Path, required=True, help="where to write bench.json")
     p.set_defaults(func=run)
 
@@ -72,11 +74,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.out.is_dir():
         raise CliError(f"--out {args.out} is a folder; give a file name such as bench.json")
+    if args.warm_cache:
+        args.cache, args.warm_cache = "warm", False
     with tempfile.TemporaryDirectory(prefix="headbudget-base-") as tmp:
         model_dir = args.model or _minilm_checkpoint(Path(tmp) / "minilm")
         cfg = BenchConfig(model_dir=model_dir, seq_len=args.seq_len, batch_size=args.batch_size, data=args.data,
                           precision=args.precision, repeats=args.repeats, memory=not args.no_memory,
-                          warm_cache=args.warm_cache)
+                          cache=args.cache)
         result = run_bench(cfg)
     result["command"] = "headbudget bench " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("func", "command") and v not in (None, False))

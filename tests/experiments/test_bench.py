@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from headbudget.cli import main
 
 
@@ -47,26 +49,65 @@ def test_memory_figure_measures_the_engine_with_and_without_prepacked_budgets(
     assert m["engine_unprepacked_over_dense"] == round(m["engine_unprepacked_mb"] / m["dense_mb"], 3)
 
 
-def test_warm_cache_times_each_call_right_after_an_untimed_call_of_the_same_method() -> None:
+def test_each_cache_setting_runs_what_it_says_before_each_timed_call(monkeypatch: pytest.MonkeyPatch) -> None:
     import numpy as np
 
-    from headbudget.experiments.bench import time_round_robin
+    from headbudget.experiments import bench
 
-    calls: list[str] = []
-    methods = {name: (lambda ids, mask, name=name: calls.append(name)) for name in ("a", "b")}
-    batches = [(np.zeros((1, 2), np.int64), np.ones((1, 2), np.int32))] * 4
-    for warm, expected in ((False, ["a", "b"] * 4), (True, ["a", "a", "b", "b"] * 4)):
+    calls: list[tuple[str, int]] = []
+    methods = {name: (lambda ids, mask, name=name: calls.append((name, int(ids[0, 0])))) for name in ("a", "b")}
+    batches = [(np.full((1, 2), i, np.int64), np.ones((1, 2), np.int32)) for i in range(4)]
+    monkeypatch.setattr(bench, "STEADY_BLOCK", 2)
+    expected = {
+        "cold": [(m, i) for i in range(4) for m in "ab"],
+        "warm": [(m, i) for i in range(4) for m in "aabb"],
+        # steady: per block of 2 texts, each method's untimed pass, then its timed pass over the same texts
+        "steady": [(m, i) for blk in ((0, 1), (2, 3)) for m in "ab" for _ in range(2) for i in blk],
+    }
+    for cache in bench.CACHES:
         calls.clear()
-        times = time_round_robin(methods, batches, warmup=1, warm_cache=warm)
-        assert calls == expected and {len(t) for t in times.values()} == {3}
+        times = bench.time_round_robin(methods, batches, warmup=1, cache=cache)
+        assert calls == expected[cache], cache
+        assert {len(t) for t in times.values()} == {3}, cache  # one time per batch after the warm-up, paired
+
+
+def test_warm_and_steady_time_the_second_call_on_each_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A method whose first call on a text is slow (cold caches) is timed on its later call; cold times the first."""
+    import numpy as np
+
+    from headbudget.experiments import bench
+
+    clock = [0.0]
+    seen: set[int] = set()
+
+    def slow_first(ids: np.ndarray, mask: np.ndarray) -> None:
+        key = int(ids[0, 0])
+        clock[0] += 0.001 if key in seen else 1.0
+        seen.add(key)
+
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    batches = [(np.full((1, 2), i, np.int64), np.ones((1, 2), np.int32)) for i in range(12)]
+    for cache, want in (("warm", 0.001), ("steady", 0.001), ("cold", 1.0)):
+        seen.clear()
+        times = bench.time_round_robin({"m": slow_first}, batches, warmup=0, cache=cache)["m"]
+        assert times == pytest.approx([want] * 12), cache
 
 
 def test_bench_records_which_cache_it_timed(tiny_checkpoint: Path, tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
-    assert main(["bench", "--model", str(tiny_checkpoint), "--seq-len", "16", "--repeats", "2", "--no-memory",
-                 "--warm-cache", "--out", str(out)]) == 0
-    r = json.loads(out.read_text())
-    assert r["cache"] == "warm" and "--warm-cache True" in r["command"]
+    from headbudget.experiments.bench import CACHES
+
+    for flags, cache in ((["--cache", "steady"], "steady"), (["--warm-cache"], "warm")):
+        out = tmp_path / f"bench-{cache}.json"
+        assert main(["bench", "--model", str(tiny_checkpoint), "--seq-len", "16", "--repeats", "2", "--no-memory",
+                     *flags, "--out", str(out)]) == 0
+        r = json.loads(out.read_text())
+        assert r["cache"] == cache and f"--cache {cache}" in r["command"] and "warm-cache" not in r["command"]
+    with pytest.raises(SystemExit):
+        main(["bench", "--model", str(tiny_checkpoint), "--cache", "hot", "--out", str(tmp_path / "x.json")])
+    from headbudget.cli import build_parser
+    action = next(a for a in build_parser()._subparsers._group_actions[0].choices["bench"]._actions  # noqa: SLF001
+                  if a.dest == "cache")
+    assert tuple(action.choices) == CACHES  # the CLI offers exactly the settings the bench knows
 
 
 def test_ratio_interval_covers_the_ratio_and_narrows_with_more_rounds() -> None:

@@ -88,9 +88,9 @@ def test_a_checkpoint_with_exits_is_probed_below_its_first_exit_and_answers_with
         tmp_path: Path) -> None:
     """Above a trained exit the checkpoint's plans stop there already; its own accuracy is what it serves."""
     from headbudget.experiments.exits import measure
+    from headbudget.models.tokenizer import TextEncoder
     from headbudget.training.batches import batches, order_for_eval, tokenize
     from headbudget.training.data import load_data
-    from headbudget.models.tokenizer import TextEncoder
     from tests.conftest import make_random_checkpoint
 
     ckpt = make_random_checkpoint(tmp_path / "exits", seed=11, scope="model", ffn_group=32, exits=(2,), n_layers=4)
