@@ -68,6 +68,46 @@ def capacity(model: Path, texts: list[str], workers: int, budgets: list[float], 
     return out
 
 
+def mixed_config(budgets: list[float]) -> str:
+    """The bench service with one tier per budget, so that every budget of a mix is prepacked as a tier default
+    is (the anonymous tier is the first); requests carry their own budget."""
+    extra = "".join(f"\n[tiers.b{i}]\ndefault_budget = {b}\nmax_budget = 1.0\nrate_limit = 1000000000\n"
+                    f"burst = 1000000\npriority = 0\nmax_queue = 4096\n" for i, b in enumerate(budgets[1:], 1))
+    return CONFIG.format(batch=32, wait=3.0, budget=budgets[0]) + extra
+
+
+def mixed_traffic(model: Path, texts: list[str], workers: int, budgets: list[float], users: int, seconds: float,
+                  rounds: int, precision: str = "fp32") -> dict[str, Any]:
+    """Forward-pass CPU per request when budgets alternate request by request, against each budget alone.
+
+    One server, every budget prepacked; each round runs every budget alone, then the mix, for ``seconds``
+    each, so drift between them is small. ``expected``: the mix's cost if budgets did not disturb each other,
+    the single-budget figures of the same round weighted by how many answers each budget got in the mix.
+    Why: a budget's weights stay in the CPU's caches only while its own calls follow each other
+    (docs/results.md section 9, session 22); this is what that costs a server whose tiers share workers.
+    """
+    out = []
+    with Server(model, workers, config_text=mixed_config(budgets), precision=precision) as srv:
+        asyncio.run(closed_loop(srv.url, texts[:50], budgets, users, 2.0))  # warm-up: every budget's sessions
+        for _ in range(rounds):
+            single = {}
+            for b in budgets:
+                before = server_cpu_s(srv)
+                r = asyncio.run(closed_loop(srv.url, texts, b, users, seconds))
+                single[str(b)] = cpu_per_request(before, server_cpu_s(srv), r["codes"].get("200", 0) or 1)
+            before = server_cpu_s(srv)
+            r = asyncio.run(closed_loop(srv.url, texts, budgets, users, seconds))
+            mixed = cpu_per_request(before, server_cpu_s(srv), r["codes"].get("200", 0) or 1)
+            n = r["answered_by_budget"]
+            expected = sum(n[b] * single[b]["engine_cpu_ms_per_request"] for b in n) / max(1, sum(n.values()))
+            out.append({"single": single, "mixed": mixed, "answered_by_budget": n,
+                        "expected_engine_cpu_ms_per_request": expected,
+                        "mixed_over_expected": mixed["engine_cpu_ms_per_request"] / expected if expected else None})
+    ratios = sorted(r["mixed_over_expected"] for r in out if r["mixed_over_expected"] is not None)
+    return {"budgets": budgets, "users": users, "seconds": seconds, "workers": workers, "precision": precision,
+            "rounds": out, "median_mixed_over_expected": ratios[len(ratios) // 2] if ratios else None}
+
+
 def overload(model: Path, texts: list[str], workers: int, users: int, seconds: float) -> dict[str, Any]:
     """Many more clients than a small queue holds: the server sheds with 503 + Retry-After and stays up."""
     cfg = SOAK_CONFIG.format(batch=32, wait=3.0, budget=1.0, queue=16)
@@ -176,11 +216,24 @@ def main(argv: list[str] | None = None) -> int:
                    help="run only the soak and add it to an existing --out file as soak_<entries>")
     p.add_argument("--capacity-only", action="store_true",
                    help="run only the capacity sweep (with CPU per request) and merge it into an existing --out file")
+    p.add_argument("--mixed", action="store_true",
+                   help="only measure the forward passes' CPU per request with --budgets alternating request by "
+                        "request against each alone (--mixed-users clients, --step-seconds each, --mixed-rounds)")
+    p.add_argument("--mixed-users", type=int, default=2)
+    p.add_argument("--mixed-rounds", type=int, default=3)
     p.add_argument("--precision", choices=("fp32", "int8"), default="fp32",
                    help="the engine the capacity step serves (`headbudget serve` defaults to int8; fp32 is what the "
                         "recorded runs used)")
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
+    try:
+        budgets = [float(b) for b in a.budgets.split(",")]
+    except ValueError:
+        budgets = []
+    if not budgets or not all(0.0 < b <= 1.0 for b in budgets) or a.mixed_users < 1 or a.mixed_rounds < 1:
+        print("capacity: error: --budgets takes comma-separated budgets in (0, 1]; --mixed-users and "
+              "--mixed-rounds at least 1", file=sys.stderr)
+        return 2
     texts = bench_texts("capacity", a.model, a.data, 500)
     if texts is None:
         return 2
@@ -194,7 +247,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     res = {"model": str(a.model), "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"),
                            "workers": a.workers, "target_p99_ms": a.target_p99_ms, "precision": a.precision}
-    res["capacity"] = capacity(a.model, texts, a.workers, [float(b) for b in a.budgets.split(",")],
+    if a.mixed:
+        res = {**(json.loads(a.out.read_text()) if a.out.is_file() else {}), **res}
+        res["mixed"] = mixed_traffic(a.model, texts, a.workers, budgets, a.mixed_users, a.step_seconds,
+                                     a.mixed_rounds, a.precision)
+        print(json.dumps({k: v for k, v in res["mixed"].items() if k != "rounds"}), flush=True)
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(res, indent=2) + "\n")
+        return 0
+    res["capacity"] = capacity(a.model, texts, a.workers, budgets,
                                a.target_p99_ms, a.step_seconds, [int(x) for x in a.levels.split(",")], a.precision)
     # What an operator pays for: the workers' CPU per answered request at the sustained level, by budget.
     res["cpu_per_request"] = [{"budget": c["budget"], "cpu_ms_per_request": c["cpu_ms_per_request"],

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -222,8 +223,12 @@ def post_classify(conn: http.client.HTTPConnection, text: str, budget: float | s
     return answer
 
 
-async def closed_loop(url: str, texts: list[str], budget: float, users: int, seconds: float) -> dict[str, Any]:
-    """``users`` clients, each sending its next request when the last one is answered."""
+async def closed_loop(url: str, texts: list[str], budget: float | Sequence[float], users: int,
+                      seconds: float) -> dict[str, Any]:
+    """``users`` clients, each sending its next request when the last one is answered; a sequence of budgets
+    is cycled request by request (client i starts at its i-th), and the answers are counted per budget."""
+    budgets = [budget] if isinstance(budget, (int, float)) else list(budget)
+    by_budget = dict.fromkeys(map(str, budgets), 0)
     codes: dict[str, int] = {}
     lat: list[float] = []
     retry_after = 0
@@ -232,12 +237,15 @@ async def closed_loop(url: str, texts: list[str], budget: float, users: int, sec
     async def user(i: int) -> None:
         nonlocal retry_after
         async with httpx.AsyncClient(base_url=url, timeout=30) as c:
-            j = i
+            j, k = i, i
             while time.monotonic() < stop:
+                b = budgets[k % len(budgets)]
                 t0 = time.perf_counter()
-                r = await c.post("/classify", json={"text": texts[j % len(texts)], "budget": budget})
+                r = await c.post("/classify", json={"text": texts[j % len(texts)], "budget": b})
                 if r.status_code == 200:
                     lat.append((time.perf_counter() - t0) * 1e3)
+                    by_budget[str(b)] += 1
+                k += 1
                 codes[str(r.status_code)] = codes.get(str(r.status_code), 0) + 1
                 retry_after += r.status_code == 503 and "retry-after" in r.headers
                 if r.status_code == 503:
@@ -249,7 +257,8 @@ async def closed_loop(url: str, texts: list[str], budget: float, users: int, sec
     wall = time.monotonic() - t0
     ok = codes.get("200", 0)
     return {"users": users, "rps": ok / wall, "p50_ms": pct(lat, 0.5) if lat else None,
-            "p99_ms": pct(lat, 0.99) if lat else None, "codes": codes, "retry_after_on_503": retry_after}
+            "p99_ms": pct(lat, 0.99) if lat else None, "codes": codes, "retry_after_on_503": retry_after,
+            "answered_by_budget": by_budget}
 
 
 def throughput(model: Path, texts: list[str], budget: float, workers: int, concurrency: int, duration: float,

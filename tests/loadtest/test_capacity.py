@@ -24,3 +24,29 @@ def test_capacity_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["--model", str(tmp_path), "--out", str(tmp_path / "x.json"), "--precision", "int8"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("capacity: error:") and err.count("\n") == 1
+
+
+def test_mixed_traffic_alternates_budgets_and_weighs_each_alone(smoke_model_scope_checkpoint: Path) -> None:
+    """Every budget of the mix is answered, and the expected cost is the same round's single-budget costs
+    weighted by the mix's answers (values, not speed)."""
+    from headbudget.loadtest.capacity import mixed_traffic
+
+    texts = [f"red marker four pink blue {i} green marker two" for i in range(20)]
+    doc = mixed_traffic(smoke_model_scope_checkpoint, texts, 2, [1.0, 0.25], 2, 1.0, 1)
+    (rnd,) = doc["rounds"]
+    n = rnd["answered_by_budget"]
+    assert set(n) == {"1.0", "0.25"} and min(n.values()) > 0
+    assert abs(n["1.0"] - n["0.25"]) <= 2  # two clients, each alternating request by request
+    single = {b: rnd["single"][b]["engine_cpu_ms_per_request"] for b in n}
+    assert all(v > 0 for v in single.values())
+    expected = (n["1.0"] * single["1.0"] + n["0.25"] * single["0.25"]) / sum(n.values())
+    assert rnd["expected_engine_cpu_ms_per_request"] == pytest.approx(expected)
+    assert doc["median_mixed_over_expected"] == pytest.approx(
+        rnd["mixed"]["engine_cpu_ms_per_request"] / expected)
+
+
+@pytest.mark.parametrize("flags", [["--budgets", "1,abc"], ["--budgets", "0"], ["--mixed", "--mixed-users", "0"]])
+def test_mixed_bad_input_is_one_line(flags: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--model", str(tmp_path), "--out", str(tmp_path / "x.json"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("capacity: error:") and err.count("\n") == 1
