@@ -9,6 +9,8 @@ For 2 workers (configurable), on 127.0.0.1 only:
    after warm-up to the last;
 4. rate limit across workers (needs `redis-server`): one key, limit R/min with burst B, hammered through both
    workers; 200s counted against the exact allowance burst + rate * elapsed.
+`--mixed` runs only this instead: the workers' forward-pass CPU per request with the budgets alternating request
+by request, against each budget alone on the same server (what tiers sharing workers cost).
 """
 
 from __future__ import annotations
