@@ -91,18 +91,20 @@ def mixed_traffic(model: Path, texts: list[str], workers: int, budgets: list[flo
     out = []
     with Server(model, workers, config_text=mixed_config(budgets), precision=precision) as srv:
         asyncio.run(closed_loop(srv.url, texts[:50], budgets, users, 2.0))  # warm-up: every budget's sessions
-        for _ in range(rounds):
+        for i in range(rounds):
+            # odd rounds run the mix first, so that drift within a round does not always favour one side
+            steps: list[float | list[float]] = [*budgets, budgets] if i % 2 == 0 else [budgets, *budgets]
             single = {}
-            for b in budgets:
+            for step in steps:
                 before = server_cpu_s(srv)
-                r = asyncio.run(closed_loop(srv.url, texts, b, users, seconds))
-                single[str(b)] = cpu_per_request(before, server_cpu_s(srv), r["codes"].get("200", 0) or 1)
-            before = server_cpu_s(srv)
-            r = asyncio.run(closed_loop(srv.url, texts, budgets, users, seconds))
-            mixed = cpu_per_request(before, server_cpu_s(srv), r["codes"].get("200", 0) or 1)
-            n = r["answered_by_budget"]
+                r = asyncio.run(closed_loop(srv.url, texts, step, users, seconds))
+                cpu = cpu_per_request(before, server_cpu_s(srv), r["codes"].get("200", 0) or 1)
+                if isinstance(step, list):
+                    mixed, n = cpu, r["answered_by_budget"]
+                else:
+                    single[str(step)] = cpu
             expected = sum(n[b] * single[b]["engine_cpu_ms_per_request"] for b in n) / max(1, sum(n.values()))
-            out.append({"single": single, "mixed": mixed, "answered_by_budget": n,
+            out.append({"order": [str(x) for x in steps], "single": single, "mixed": mixed, "answered_by_budget": n,
                         "expected_engine_cpu_ms_per_request": expected,
                         "mixed_over_expected": mixed["engine_cpu_ms_per_request"] / expected if expected else None})
     ratios = sorted(r["mixed_over_expected"] for r in out if r["mixed_over_expected"] is not None)
