@@ -82,8 +82,8 @@ def mixed_traffic(model: Path, texts: list[str], workers: int, budgets: list[flo
                   rounds: int, precision: str = "fp32") -> dict[str, Any]:
     """Forward-pass CPU per request when budgets alternate request by request, against each budget alone.
 
-    One server, every budget prepacked; each round runs every budget alone, then the mix, for ``seconds``
-    each, so drift between them is small. ``expected``: the mix's cost if budgets did not disturb each other,
+    One server, every budget prepacked; each round runs every budget alone and the mix (odd rounds the mix
+    first), ``seconds`` each, so drift between them is small and evens out. ``expected``: the mix's cost if budgets did not disturb each other,
     the single-budget figures of the same round weighted by how many answers each budget got in the mix.
     Why: a budget's weights stay in the CPU's caches only while its own calls follow each other
     (docs/results.md section 9, session 22); this is what that costs a server whose tiers share workers.
