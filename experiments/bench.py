@@ -118,15 +118,12 @@ def time_round_robin(methods: dict[str, Callable[[np.ndarray, np.ndarray], objec
     for start in range(0, len(batches), block):
         chunk = list(enumerate(batches[start : start + block], start))
         # cold: methods alternate call by call; warm and steady: each timed pass follows an untimed one
-        order = ([(i, b, name) for i, b in chunk for name in methods] if cache == "cold" else
-                 [(i, b, name) for name in methods for _ in ("untimed", "timed") for i, b in chunk])
-        timed = set() if cache == "cold" else {(i, name) for i, _ in chunk for name in methods}
-        for i, (ids, mask), name in order:
+        order = ([(i, b, name, True) for i, b in chunk for name in methods] if cache == "cold" else
+                 [(i, b, name, timed) for name in methods for timed in (False, True) for i, b in chunk])
+        for i, (ids, mask), name, timed in order:
             t0 = time.perf_counter()
             methods[name](ids, mask)
-            if (i, name) in timed:  # the first pass of a warm or steady pair
-                timed.discard((i, name))
-            elif i >= warmup:
+            if timed and i >= warmup:
                 times[name].append(time.perf_counter() - t0)
     return times
 

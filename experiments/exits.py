@@ -3,8 +3,9 @@
 Issue 16's optional layer skipping, measured before it is built. On the frozen checkpoint, one linear head per
 exit depth d < L (below the first exit, for a checkpoint trained with exits) reads the pooled output of layer d
 (the model's own pooling); it is fitted on training-split features taken at every width budget in ``--widths``
-at once, so that one head serves every width, as a shipped exit would. An exit plan (d, w) runs the first d layers of the checkpoint's own plan at width budget w: it stays
-nested (a larger d or w keeps every unit a smaller one keeps). Its cost is those layers' multiply-adds at the
+at once, so that one head serves every width, as a shipped exit would. An exit plan (d, w) runs the first d
+layers of the checkpoint's own plan at width budget w: it stays nested (a larger d or w keeps every unit a
+smaller one keeps). Its cost is those layers' multiply-adds at the
 reference length over the dense model's; its latency is timed with the engine's own graph builder (the plan cut
 to d layers, prepacked, one thread), round-robin with the checkpoint's own budgets in one process, and placed on
 the checkpoint's curve at equal latency with compare's rule (experiments/latency_placement.py).

@@ -71,10 +71,11 @@ def capacity(model: Path, texts: list[str], workers: int, budgets: list[float], 
 
 
 def mixed_config(budgets: list[float]) -> str:
-    """The bench service with one tier per budget, so that every budget of a mix is prepacked as a tier default
-    is (the anonymous tier is the first); requests carry their own budget."""
-    extra = "".join(f"\n[tiers.b{i}]\ndefault_budget = {b}\nmax_budget = 1.0\nrate_limit = 1000000000\n"
-                    f"burst = 1000000\npriority = 0\nmax_queue = 4096\n" for i, b in enumerate(budgets[1:], 1))
+    """The bench service with one tier per budget, each a copy of its bench tier, so that every budget of a mix
+    is prepacked as a tier default is (the anonymous tier is the first); requests carry their own budget."""
+    tier = CONFIG[CONFIG.index("[tiers.bench]"):]
+    extra = "".join("\n" + tier.replace("[tiers.bench]", f"[tiers.b{i}]").format(budget=b)
+                    for i, b in enumerate(budgets[1:], 1))
     return CONFIG.format(batch=32, wait=3.0, budget=budgets[0]) + extra
 
 
@@ -83,8 +84,9 @@ def mixed_traffic(model: Path, texts: list[str], workers: int, budgets: list[flo
     """Forward-pass CPU per request when budgets alternate request by request, against each budget alone.
 
     One server, every budget prepacked; each round runs every budget alone and the mix (odd rounds the mix
-    first), ``seconds`` each, so drift between them is small and evens out. ``expected``: the mix's cost if budgets did not disturb each other,
-    the single-budget figures of the same round weighted by how many answers each budget got in the mix.
+    first), ``seconds`` each, so drift between them is small and evens out. ``expected``: the mix's cost if
+    budgets did not disturb each other, the single-budget figures of the same round weighted by how many
+    answers each budget got in the mix.
     Why: a budget's weights stay in the CPU's caches only while its own calls follow each other
     (docs/results.md section 9, session 22); this is what that costs a server whose tiers share workers.
     """
@@ -203,6 +205,13 @@ def rate_limit_across_workers(model: Path, texts: list[str], workers: int, rate_
         redis.wait()
 
 
+def _merge_into(out: Path, res: dict[str, Any]) -> None:
+    """Write ``res`` over what ``out`` already holds (a step run on its own keeps the other steps' results)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    old = json.loads(out.read_text()) if out.is_file() else {}
+    out.write_text(json.dumps({**old, **res}, indent=2) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m headbudget.loadtest.capacity", description=__doc__)
     p.add_argument("--model", type=Path, required=True)
@@ -242,22 +251,18 @@ def main(argv: list[str] | None = None) -> int:
     if texts is None:
         return 2
     if a.only_soak:
-        res = json.loads(a.out.read_text()) if a.out.is_file() else {}
         r = soak(a.model, texts, a.workers, a.soak_users, a.soak_seconds, 10.0, a.soak_warmup_seconds,
                  a.feedback_max_entries)
-        res[f"soak_{a.feedback_max_entries or 'default'}"] = r
         print(json.dumps({k: v for k, v in r.items() if k != "samples"}), flush=True)
-        a.out.write_text(json.dumps(res, indent=2) + "\n")
+        _merge_into(a.out, {f"soak_{a.feedback_max_entries or 'default'}": r})
         return 0
     res = {"model": str(a.model), "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"),
                            "workers": a.workers, "target_p99_ms": a.target_p99_ms, "precision": a.precision}
     if a.mixed:
-        res = {**(json.loads(a.out.read_text()) if a.out.is_file() else {}), **res}
         res["mixed"] = mixed_traffic(a.model, texts, a.workers, budgets, a.mixed_users, a.step_seconds,
                                      a.mixed_rounds, a.precision)
         print(json.dumps({k: v for k, v in res["mixed"].items() if k != "rounds"}), flush=True)
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(res, indent=2) + "\n")
+        _merge_into(a.out, res)
         return 0
     res["capacity"] = capacity(a.model, texts, a.workers, budgets,
                                a.target_p99_ms, a.step_seconds, [int(x) for x in a.levels.split(",")], a.precision)
@@ -268,9 +273,7 @@ def main(argv: list[str] | None = None) -> int:
                                "p99_ms": c["p99_ms"], "at_users": c["at_users"]} for c in res["capacity"]]
     print(json.dumps(res["cpu_per_request"]), flush=True)
     if a.capacity_only:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        old = json.loads(a.out.read_text()) if a.out.is_file() else {}
-        a.out.write_text(json.dumps({**old, **res}, indent=2) + "\n")
+        _merge_into(a.out, res)
         return 0
     res["rate_limit"] = rate_limit_across_workers(a.model, texts, a.workers, 600.0, 20, 15.0)
     print(json.dumps(res["rate_limit"]), flush=True)
