@@ -87,7 +87,8 @@ def run_sweep(
         "n_layers": cfg.n_layers,
         "n_heads": cfg.n_heads,
         "structural": gcfg.structural,
-        **({"scope": "model", "ffn_group": gcfg.ffn_group, "ref_length": gcfg.ref_length} if whole_model else {}),
+        **({"scope": "model", "ffn_group": gcfg.ffn_group, "ref_length": gcfg.ref_length, "exits": list(gcfg.exits)}
+           if whole_model else {}),
         "points": points,
         "spearman_025_075": gate_spearman(model),
         "nested": masks_nested(masks),

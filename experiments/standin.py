@@ -1,0 +1,141 @@
+"""A timing stand-in of a budgeted checkpoint, rebuilt from its sweep.json alone: the base model's weights with
+gates that reproduce the sweep's unit ranking, so that every budget runs the checkpoint's execution plan.
+
+Why: checkpoints are not in git (43 MB of weights without the frozen word embeddings), a new session's work
+tree is laid anew, and a lent GPU brings back at most 64 MiB per call. Latency depends on the plans (heads and
+neurons per layer, the depth a plan stops at), not on weight values, and a sweep records the whole ranking
+(``head_order``), so the committed sweep is enough to time a checkpoint again, or to time the runs of a GPU
+call whose weights stayed there. ``compare_retime`` already times its baselines this way. The stand-in's
+answers are the base's, not the checkpoint's: its config says so (``standin``), ``headbudget serve`` refuses
+it, and accuracies come from the sweep. Every point of the sweep is checked: the stand-in's plan at each
+budget must equal the sweep's heads and neurons per layer and layers run, or nothing is written.
+
+    python -m headbudget.experiments.standin --sweep docs/results/ag_news/model/sweep.json --exits 3 \
+        --out checkpoints/ag_news-model-exits-standin
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from headbudget.models.checkpoint import save_checkpoint
+from headbudget.models.classifier import BudgetedClassifier
+from headbudget.models.config import GateConfig
+from headbudget.models.plan import ExecutionPlan
+from headbudget.models.tokenizer import copy_tokenizer
+from headbudget.training.data import load_data
+from headbudget.training.trainer import build_base, tokenizer_folder
+
+STANDIN_NOTE = "timing stand-in: the base's weights with the sweep's unit ranking; its answers are not the checkpoint's"
+
+
+def gate_of(sweep: dict[str, Any], exits: tuple[int, ...] | None) -> GateConfig:
+    """The gate configuration a sweep was made with; ``exits`` where the sweep predates recording them."""
+    recorded = sweep.get("exits")
+    if exits is not None and recorded is not None and tuple(recorded) != exits:
+        raise ValueError(f"--exits {list(exits)} differs from the sweep's exits {recorded}")
+    chosen = tuple(recorded) if recorded is not None else (exits or ())
+    if sweep.get("scope", "attention") == "attention":
+        return GateConfig(structural=bool(sweep["structural"]), exits=chosen)
+    return GateConfig(scope="model", ffn_group=int(sweep["ffn_group"]), ref_length=int(sweep["ref_length"]),
+                      exits=chosen)
+
+
+def set_ranking(model: BudgetedClassifier, order: np.ndarray) -> None:
+    """Gate logits whose crossing budgets rank the units exactly as ``order`` (flat l * U + u, first = earliest).
+
+    Crossing logit -a / beta (models/budget.py); with beta left at its init (equal for all units), a = -beta *
+    rank / 10 gives crossing logits rank / 10: distinct, so no tie falls back to the (layer, unit) order.
+    """
+    shape = model.gates.logit.shape  # (L, U)
+    if sorted(order.tolist()) != list(range(int(np.prod(shape)))):
+        raise ValueError(f"head_order is not a ranking of the model's {int(np.prod(shape))} gate units")
+    rank = np.empty(order.size, dtype=np.float64)
+    rank[order] = np.arange(order.size)
+    with torch.no_grad():
+        beta = torch.nn.functional.softplus(model.gates.raw_beta.double())
+        a = -beta * torch.from_numpy(rank.reshape(shape)) / 10.0
+        model.gates.logit.copy_(a.to(model.gates.logit.dtype))
+
+
+def plan_record(plan: ExecutionPlan, n_layers: int) -> dict[str, Any]:
+    """A plan in the sweep's terms: heads (and neurons) per layer, and the layers run."""
+    out: dict[str, Any] = {"heads_per_layer": list(plan.heads)}
+    if plan.ffn is not None:
+        out["neurons_per_layer"] = list(plan.ffn)
+        out["layers_run"] = plan.layers_run
+    return out
+
+
+def check_plans(model: BudgetedClassifier, sweep: dict[str, Any]) -> None:
+    """Raise unless the model's plan at every swept budget is the sweep's."""
+    policy = model.gates.policy()
+    for point in sweep["points"]:
+        ours = plan_record(policy.plan(float(point["budget"])), model.cfg.n_layers)
+        theirs = {k: point[k] for k in ours if k in point}
+        if {k: ours[k] for k in theirs} != theirs:
+            raise ValueError(f"b={point['budget']:.2f}: the stand-in's plan {ours} differs from the sweep's {theirs}"
+                             + ("" if sweep.get("exits") is not None else "; was it trained with --exits?"))
+
+
+def build(sweep: dict[str, Any], base: str, exits: tuple[int, ...] | None, seed: int = 0,
+          max_length: int = 128) -> BudgetedClassifier:
+    """The stand-in model of ``sweep``'s checkpoint on ``base`` (checked at every swept budget)."""
+    gate = gate_of(sweep, exits)
+    labels = load_data(sweep["dataset"]).labels
+    model = build_base(base, labels, gate, seed, max_length).model
+    cfg = model.cfg
+    if (cfg.n_layers, cfg.n_heads) != (sweep["n_layers"], sweep["n_heads"]):
+        raise ValueError(f"base {base!r} has {cfg.n_layers} layers x {cfg.n_heads} heads, the sweep "
+                         f"{sweep['n_layers']} x {sweep['n_heads']}")
+    set_ranking(model, np.asarray(sweep["head_order"], dtype=np.int64))
+    check_plans(model, sweep)
+    return model.eval()
+
+
+def write(model: BudgetedClassifier, sweep_path: Path, base: str, out: Path, max_length: int) -> Path:
+    """Save the stand-in as a checkpoint folder (config marked ``standin``; no sweep.json, so nothing serves the
+    real checkpoint's accuracy beside the base's answers)."""
+    if out.exists():
+        shutil.rmtree(out)
+    meta = {"name": out.name, "model_type": "budgeted", "max_length": max_length, "base": base,
+            "standin": {"sweep": str(sweep_path), "note": STANDIN_NOTE}}
+    save_checkpoint(model, out, meta)
+    copy_tokenizer(tokenizer_folder(base), out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m headbudget.experiments.standin", description=__doc__.split("\n")[0])
+    p.add_argument("--sweep", type=Path, required=True, help="the checkpoint's sweep.json")
+    p.add_argument("--out", type=Path, required=True, help="checkpoint folder to write (replaced if present)")
+    p.add_argument("--base", default="minilm", help="the base it was trained from: minilm, tiny or a folder")
+    p.add_argument("--exits", default=None, help="exit depths, e.g. 3, for a sweep that does not record them")
+    p.add_argument("--max-length", type=int, default=128, help="the checkpoint's token limit (config.json)")
+    a = p.parse_args(argv)
+    try:
+        exits = None if a.exits is None else tuple(int(x) for x in a.exits.split(",") if x.strip())
+    except ValueError:
+        print(f"error: --exits {a.exits!r}: expected comma-separated layer depths, e.g. 3", file=sys.stderr)
+        return 2
+    try:
+        sweep = json.loads(a.sweep.read_text())
+        model = build(sweep, a.base, exits, max_length=a.max_length)
+        folder = write(model, a.sweep, a.base, a.out, a.max_length)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{folder}: {len(sweep['points'])} plans as in {a.sweep}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

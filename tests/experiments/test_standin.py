@@ -1,0 +1,95 @@
+"""experiments/standin.py: a checkpoint's plans rebuilt from its sweep alone, checked at every swept budget."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from headbudget.engine.factory import load_engine
+from headbudget.engine.types import EngineOptions
+from headbudget.experiments import standin
+from headbudget.models.budget import BUDGET_GRID
+from headbudget.models.checkpoint import load_checkpoint
+from headbudget.models.classifier import BudgetedClassifier
+from headbudget.models.plan import Shape
+from tests.conftest import make_random_checkpoint, run_cli
+
+
+def _sweep(model: BudgetedClassifier, record_exits: bool = True) -> dict[str, Any]:
+    """What run_sweep records of the plans (accuracy columns left out: the stand-in does not read them)."""
+    cfg, policy = model.cfg, model.gates.policy()
+    doc: dict[str, Any] = {"dataset": "synthetic", "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
+                           "structural": cfg.gate.structural, "head_order": model.gates.order().tolist(),
+                           "points": [{"budget": b, **standin.plan_record(policy.plan(b), cfg.n_layers)}
+                                      for b in BUDGET_GRID]}
+    if cfg.gate.scope == "model":
+        doc.update(scope="model", ffn_group=cfg.gate.ffn_group, ref_length=cfg.gate.ref_length)
+        if record_exits:
+            doc["exits"] = list(cfg.gate.exits)
+    return doc
+
+
+@pytest.fixture(scope="module")
+def with_exits(tmp_path_factory: pytest.TempPathFactory) -> BudgetedClassifier:
+    """A random whole-model checkpoint of the tiny base with an exit after layer 1 of 2."""
+    folder = make_random_checkpoint(tmp_path_factory.mktemp("standin") / "exits", seed=11, scope="model",
+                                    ffn_group=32, exits=(1,))
+    return load_checkpoint(folder)[0]
+
+
+@pytest.mark.parametrize("kind", ["attention", "model", "model-exits"])
+def test_the_standin_runs_every_plan_of_the_checkpoint(kind: str, tiny_checkpoint: Path,
+                                                       tiny_model_scope_checkpoint: Path,
+                                                       with_exits: BudgetedClassifier) -> None:
+    original = {"attention": lambda: load_checkpoint(tiny_checkpoint)[0],
+                "model": lambda: load_checkpoint(tiny_model_scope_checkpoint)[0],
+                "model-exits": lambda: with_exits}[kind]()
+    model = standin.build(_sweep(original), "tiny", None)
+    assert (model.gates.order() == original.gates.order()).all()  # the whole ranking, not only the counts
+    new, old = model.gates.policy(), original.gates.policy()
+    assert [new.plan(b) for b in BUDGET_GRID] == [old.plan(b) for b in BUDGET_GRID]
+    assert (new.perms == old.perms).all() and (new.ffn_perms == old.ffn_perms).all()
+    if kind == "model-exits":  # the grid reaches both depths, or the exit case would test nothing
+        assert {new.plan(b).depth for b in BUDGET_GRID} == {1, None}
+
+
+def test_a_sweep_that_does_not_match_is_refused(with_exits: BudgetedClassifier) -> None:
+    sweep = _sweep(with_exits, record_exits=False)  # as sweeps written before they recorded exits
+    with pytest.raises(ValueError, match="--exits"):
+        standin.build(sweep, "tiny", None)
+    assert standin.build(sweep, "tiny", (1,)).gates.policy().plan(0.1) == with_exits.gates.policy().plan(0.1)
+    with pytest.raises(ValueError, match="differs from the sweep's exits"):
+        standin.build(_sweep(with_exits), "tiny", (2,))
+    bad = {**_sweep(with_exits), "head_order": _sweep(with_exits)["head_order"][:-1]}
+    with pytest.raises(ValueError, match="not a ranking"):
+        standin.build(bad, "tiny", None)
+
+
+def test_the_cli_writes_a_checkpoint_the_engine_runs_and_serve_refuses(with_exits: BudgetedClassifier,
+                                                                       tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps(_sweep(with_exits)))
+    out = tmp_path / "standin"
+    assert standin.main(["--sweep", str(sweep), "--base", "tiny", "--out", str(out)]) == 0
+    assert not (out / "sweep.json").exists()  # nothing beside it claims the checkpoint's accuracy
+    engine = load_engine(out, EngineOptions(cache_dir=tmp_path / "cache"))
+    try:
+        policy = with_exits.gates.policy()
+        assert [engine.plan(b) for b in BUDGET_GRID] == [policy.plan(b) for b in BUDGET_GRID]
+        answer = engine.predict(["a short text"], 0.1).predictions[0]  # what it ran, as the checkpoint would
+        assert answer.cost == policy.plan(0.1).cost(Shape.of(with_exits.cfg), answer.n_tokens)
+    finally:
+        engine.close()
+    served = run_cli("serve", "--model", str(out), "--port", "1", timeout=60)
+    assert served.returncode == 2 and "timing stand-in" in served.stderr
+    assert len(served.stderr.strip().splitlines()) == 1
+
+
+def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert standin.main(["--sweep", str(tmp_path / "missing.json"), "--out", str(tmp_path / "x")]) == 2
+    assert standin.main(["--sweep", str(tmp_path / "missing.json"), "--exits", "a", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("error: ") for line in err)
