@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -16,20 +15,7 @@ from headbudget.models.checkpoint import load_checkpoint
 from headbudget.models.classifier import BudgetedClassifier
 from headbudget.models.plan import Shape
 from tests.conftest import make_random_checkpoint, run_cli
-
-
-def _sweep(model: BudgetedClassifier, record_exits: bool = True) -> dict[str, Any]:
-    """What run_sweep records of the plans (accuracy columns left out: the stand-in does not read them)."""
-    cfg, policy = model.cfg, model.gates.policy()
-    doc: dict[str, Any] = {"dataset": "synthetic", "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
-                           "structural": cfg.gate.structural, "head_order": model.gates.order().tolist(),
-                           "points": [{"budget": b, **standin.plan_record(policy.plan(b), cfg.n_layers)}
-                                      for b in BUDGET_GRID]}
-    if cfg.gate.scope == "model":
-        doc.update(scope="model", ffn_group=cfg.gate.ffn_group, ref_length=cfg.gate.ref_length)
-        if record_exits:
-            doc["exits"] = list(cfg.gate.exits)
-    return doc
+from tests.experiments.sweeps import plan_sweep
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +33,7 @@ def test_the_standin_runs_every_plan_of_the_checkpoint(kind: str, tiny_checkpoin
     original = {"attention": lambda: load_checkpoint(tiny_checkpoint)[0],
                 "model": lambda: load_checkpoint(tiny_model_scope_checkpoint)[0],
                 "model-exits": lambda: with_exits}[kind]()
-    model = standin.build(_sweep(original), "tiny", None)
+    model = standin.build(plan_sweep(original), "tiny", None)
     assert (model.gates.order() == original.gates.order()).all()  # the whole ranking, not only the counts
     new, old = model.gates.policy(), original.gates.policy()
     assert [new.plan(b) for b in BUDGET_GRID] == [old.plan(b) for b in BUDGET_GRID]
@@ -57,13 +43,13 @@ def test_the_standin_runs_every_plan_of_the_checkpoint(kind: str, tiny_checkpoin
 
 
 def test_a_sweep_that_does_not_match_is_refused(with_exits: BudgetedClassifier) -> None:
-    sweep = _sweep(with_exits, record_exits=False)  # as sweeps written before they recorded exits
+    sweep = plan_sweep(with_exits, record_exits=False)  # as sweeps written before they recorded exits
     with pytest.raises(ValueError, match="--exits"):
         standin.build(sweep, "tiny", None)
     assert standin.build(sweep, "tiny", (1,)).gates.policy().plan(0.1) == with_exits.gates.policy().plan(0.1)
     with pytest.raises(ValueError, match="differs from the sweep's exits"):
-        standin.build(_sweep(with_exits), "tiny", (2,))
-    bad = {**_sweep(with_exits), "head_order": _sweep(with_exits)["head_order"][:-1]}
+        standin.build(plan_sweep(with_exits), "tiny", (2,))
+    bad = {**plan_sweep(with_exits), "head_order": plan_sweep(with_exits)["head_order"][:-1]}
     with pytest.raises(ValueError, match="not a ranking"):
         standin.build(bad, "tiny", None)
 
@@ -71,7 +57,7 @@ def test_a_sweep_that_does_not_match_is_refused(with_exits: BudgetedClassifier) 
 def test_the_cli_writes_a_checkpoint_the_engine_runs_and_serve_refuses(with_exits: BudgetedClassifier,
                                                                        tmp_path: Path) -> None:
     sweep = tmp_path / "sweep.json"
-    sweep.write_text(json.dumps(_sweep(with_exits)))
+    sweep.write_text(json.dumps(plan_sweep(with_exits)))
     out = tmp_path / "standin"
     assert standin.main(["--sweep", str(sweep), "--base", "tiny", "--out", str(out)]) == 0
     assert not (out / "sweep.json").exists()  # nothing beside it claims the checkpoint's accuracy

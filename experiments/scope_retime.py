@@ -1,0 +1,122 @@
+"""Place a whole-model checkpoint against an attention-only one by measured latency, from their sweeps alone.
+
+Issue 16 asks that the whole-model checkpoint be more accurate than the attention-only checkpoint wherever both
+reach the same latency. The sweeps are committed and the weights are not (a lent GPU brings back sweeps, not
+43 MB checkpoints), so each side is rebuilt as a timing stand-in from its sweep (experiments/standin.py: the
+sweep's own plans at every budget, checked). Every swept budget of both is timed round-robin in one process with
+compare's engine options (each budget prepacked, as a served operating point: compare_measure.engine_factory),
+and each attention-only budget is placed on the whole-model curve with compare's rule
+(experiments/latency_placement.py: linear in latency between the two bracketing budgets, no extrapolation).
+Accuracies are the sweeps' hard accuracies on the same test split (checked). One ``--pair`` per seed; the
+placement aggregates over them.
+
+    python -m headbudget.experiments.scope_retime --exits 3 --out retime.json \\
+        --pair 7 docs/results/ag_news/model/sweep.json docs/results/ag_news/model/kept-recipe-baselines/attention-only-sweep.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from headbudget.experiments import standin
+from headbudget.experiments.compare_measure import EngineFactory, engine_factory, measure_latency
+from headbudget.experiments.latency_placement import placement
+from headbudget.experiments.script_output import check_out, write_doc
+from headbudget.models.tokenizer import TextEncoder
+from headbudget.training.batches import tokenize
+from headbudget.training.data import load_data
+
+SIDES = (("budgeted", "model"), ("attention-only", "attention"))  # latency_placement's method names
+
+
+def _sweeps(model_path: Path, attention_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Both sweeps, refused unless they are a whole-model and an attention-scope sweep of one test split."""
+    model, att = (json.loads(p.read_text()) for p in (model_path, attention_path))
+    if model.get("scope") != "model" or att.get("scope", "attention") != "attention":
+        raise ValueError(f"expected a whole-model sweep then an attention-scope one: {model_path} is "
+                         f"{model.get('scope', 'attention')}, {attention_path} is {att.get('scope', 'attention')}")
+    if (model["dataset"], model["split"], model["n_examples"]) != (att["dataset"], att["split"], att["n_examples"]):
+        raise ValueError(f"{model_path} and {attention_path} are not of one test split: "
+                         f"{model['dataset']}/{model['split']}/{model['n_examples']} against "
+                         f"{att['dataset']}/{att['split']}/{att['n_examples']}")
+    return model, att
+
+
+def seed_results(model_sweep: dict[str, Any], att_sweep: dict[str, Any],
+                 lat: dict[tuple[str, float], dict[str, float]]) -> dict[str, dict[str, Any]]:
+    """One seed's results in compare's format: method@budget -> budget, accuracy (hard), latency."""
+    out: dict[str, dict[str, Any]] = {}
+    for (method, _), sweep in zip(SIDES, (model_sweep, att_sweep), strict=True):
+        for p in sweep["points"]:
+            b = float(p["budget"])
+            out[f"{method}@{b:.2f}"] = {"method": method, "budget": b, "accuracy": p["accuracy_hard"],
+                                        **lat[(method, b)]}
+    return out
+
+
+def retime(pairs: list[tuple[str, Path, Path]], exits: tuple[int, ...] | None, base: str, work: Path,
+           factory: EngineFactory, texts: int, repeats: int) -> dict[str, Any]:
+    """The document: per seed, both curves with latencies measured here, and the placement over the seeds."""
+    per_seed: dict[str, Any] = {}
+    for seed, model_path, att_path in pairs:
+        model_sweep, att_sweep = _sweeps(model_path, att_path)
+        folders: dict[str, Path] = {}
+        for (method, _), sweep, path in zip(SIDES, (model_sweep, att_sweep), (model_path, att_path), strict=True):
+            model = standin.build(sweep, base, exits if method == "budgeted" else None)
+            folders[method] = standin.write(model, path, base, work / f"{seed}-{method}", 128)
+        ds = load_data(model_sweep["dataset"])  # the test split does not depend on the seed
+        test = tokenize(ds.test, TextEncoder(folders["budgeted"], 128))
+        entries = [(method, float(p["budget"]), folders[method])
+                   for (method, _), sweep in zip(SIDES, (model_sweep, att_sweep), strict=True)
+                   for p in sweep["points"]]
+        lat = measure_latency(entries, test, factory, texts, repeats)
+        per_seed[seed] = {"model_sweep": str(model_path), "attention_sweep": str(att_path),
+                          "dense_accuracy": {"budgeted": model_sweep["dense_accuracy"],
+                                             "attention-only": att_sweep["dense_accuracy"]},
+                          "results": seed_results(model_sweep, att_sweep, lat)}
+    doc: dict[str, Any] = {"latency": {"texts": texts, "repeats": repeats, "engine": "onnxruntime fp32, one thread, "
+                                       "every budget prepacked, round-robin in one process"},
+                           "per_seed": per_seed}
+    doc["placement"] = [row for row in placement(doc) if row["method"] == "attention-only"]
+    return doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m headbudget.experiments.scope_retime", description=__doc__.split("\n")[0])
+    p.add_argument("--pair", nargs=3, action="append", required=True, metavar=("SEED", "MODEL_SWEEP", "ATTENTION_SWEEP"),
+                   help="one seed's whole-model sweep.json and attention-scope sweep.json (repeat per seed)")
+    p.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    p.add_argument("--exits", default=None, help="the whole-model runs' exits, for sweeps that do not record them")
+    p.add_argument("--base", default="minilm", help="the base both were trained from")
+    p.add_argument("--work", type=Path, default=None, help="folder for the stand-ins (default: beside --out)")
+    p.add_argument("--latency-texts", type=int, default=150)
+    p.add_argument("--latency-repeats", type=int, default=5)
+    args = p.parse_args(argv)
+    try:
+        check_out(args.out)
+        exits = None if args.exits is None else tuple(int(x) for x in args.exits.split(",") if x.strip())
+        if args.latency_texts < 1 or args.latency_repeats < 1:
+            raise ValueError("--latency-texts and --latency-repeats must be at least 1")
+        pairs = [(seed, Path(m), Path(a)) for seed, m, a in args.pair]
+        budgets = tuple(sorted({float(pt["budget"]) for _, m, a in pairs for path in (m, a)
+                                for pt in json.loads(path.read_text())["points"]}))
+        doc = retime(pairs, exits, args.base, args.work or args.out.with_suffix(".standins"),
+                     engine_factory("onnxruntime", budgets), args.latency_texts, args.latency_repeats)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    write_doc(doc, args.out, "scope_retime", argv)
+    for row in doc["placement"]:
+        diff = row["difference_mean"]
+        print(f"attention-only b={row['budget']:.2f} {row['latency_ms_mean']:.2f} ms acc {100 * row['accuracy_mean']:.2f}"
+              + (f"  whole-model there {100 * row['budgeted_accuracy_mean']:.2f}  diff {100 * diff:+.2f}"
+                 f"  met {row['met']}" if row["n_reached"] else "  not reached"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
