@@ -35,6 +35,8 @@ def register(subparsers: Any) -> None:
                         "on onnxruntime), else fp32")
     p.add_argument("--threads", type=positive_int, help="intra-op threads per worker's engine (default 1)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
+    p.add_argument("--allow-standin", action="store_true",
+                   help="serve a timing stand-in (experiments/standin.py) for load tests: its answers are its base's")
     p.add_argument("--print-curl", action="store_true",
                    help="once ready, print a curl command with a development key valid while the server runs")
     p.set_defaults(func=run)
@@ -64,7 +66,7 @@ def _refuse_standin(model_dir: Path) -> None:
     standin = checkpoint_config(model_dir)[0].get("standin")
     if standin is not None:
         raise CliError(f"{model_dir} is a timing stand-in of {standin.get('sweep')}, not a trained checkpoint: "
-                       "its answers are its base's")
+                       "its answers are its base's (--allow-standin to load-test it)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
     if not 0 < port < 65536:
         raise CliError(f"--port must be in 1..65535, got {port}")
     backend = option("backend")
-    _refuse_standin(model)
+    if not args.allow_standin:
+        _refuse_standin(model)
     if _needs_torch(model, backend) and importlib.util.find_spec("torch") is None:
         raise CliError(f"this checkpoint or --backend {backend} runs on PyTorch, which is not installed: "
                        "install headbudget[torch]")
