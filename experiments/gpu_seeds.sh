@@ -24,7 +24,8 @@ one() {  # NAME SEED SCOPE-ARGS...: train, then pack the run's small files for t
   local name=$1 seed=$2
   shift 2
   hb train "${RECIPE[@]}" --device "$DEVICE" --seed "$seed" "$@" --out "runs/$name" > "runs/$name.log" 2>&1
-  echo "$(date +%T) $name exit $?" >> "$OUT/progress.log"
+  local rc=$?
+  echo "$(date +%T) $name exit $rc" >> "$OUT/progress.log"
   tar czf "$OUT/$name.tar.gz" -C runs "$name.log" \
     $(cd runs && ls -d "$name"/{sweep.json,config.json,run.json,stages/*/done.json,pareto.png} 2>/dev/null)
 }

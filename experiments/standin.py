@@ -12,6 +12,10 @@ budget must equal the sweep's heads and neurons per layer and layers run, or not
 
     python -m headbudget.experiments.standin --sweep docs/results/ag_news/model/sweep.json --exits 3 \
         --out checkpoints/ag_news-model-exits-standin
+
+Where the checkpoint is at hand, ``--time-against CKPT --report R.json`` times the two round-robin in one
+process, which is how docs/results.md section 9 (session 23) measured that a stand-in runs at its checkpoint's
+speed.
 """
 
 from __future__ import annotations
@@ -26,14 +30,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from headbudget.experiments.compare_measure import engine_factory, measure_latency
+from headbudget.experiments.script_output import check_out, write_doc
 from headbudget.models.checkpoint import save_checkpoint
 from headbudget.models.classifier import BudgetedClassifier
 from headbudget.models.config import GateConfig
 from headbudget.models.plan import ExecutionPlan
-from headbudget.models.tokenizer import copy_tokenizer
+from headbudget.models.tokenizer import TextEncoder, copy_tokenizer
+from headbudget.training.batches import tokenize
 from headbudget.training.data import load_data
 from headbudget.training.trainer import build_base, tokenizer_folder
 
+CHECK_BUDGETS = (1.0, 0.75, 0.5, 0.25, 0.1)
 STANDIN_NOTE = "timing stand-in: the base's weights with the sweep's unit ranking; its answers are not the checkpoint's"
 
 
@@ -113,6 +121,22 @@ def write(model: BudgetedClassifier, sweep_path: Path, base: str, out: Path, max
     return out
 
 
+def time_against(checkpoint: Path, folder: Path, dataset: str, texts: int, repeats: int,
+                 standin_first: bool = False) -> dict[str, Any]:
+    """The stand-in and the checkpoint it stands for, timed round-robin in one process at CHECK_BUDGETS (every
+    budget prepacked, compare's protocol): the evidence that a stand-in's latency is its checkpoint's."""
+    test = tokenize(load_data(dataset).test, TextEncoder(checkpoint, 128))
+    pair = [("standin", folder), ("checkpoint", checkpoint)]
+    entries = [(name, b, f) for b in CHECK_BUDGETS for name, f in (pair if standin_first else pair[::-1])]
+    lat = measure_latency(entries, test, engine_factory("onnxruntime", CHECK_BUDGETS), texts, repeats)
+    rows = [{"budget": b, "checkpoint_ms": lat[("checkpoint", b)]["latency_ms"],
+             "standin_ms": lat[("standin", b)]["latency_ms"],
+             "standin_over_checkpoint": lat[("standin", b)]["latency_ms"] / lat[("checkpoint", b)]["latency_ms"]}
+            for b in CHECK_BUDGETS]
+    return {"checkpoint": str(checkpoint), "standin": str(folder), "standin_first": standin_first,
+            "latency": {"texts": texts, "repeats": repeats}, "rows": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m headbudget.experiments.standin", description=__doc__.split("\n")[0])
     p.add_argument("--sweep", type=Path, required=True, help="the checkpoint's sweep.json")
@@ -120,7 +144,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base", default="minilm", help="the base it was trained from: minilm, tiny or a folder")
     p.add_argument("--exits", default=None, help="exit depths, e.g. 3, for a sweep that does not record them")
     p.add_argument("--max-length", type=int, default=128, help="the checkpoint's token limit (config.json)")
+    p.add_argument("--time-against", type=Path, default=None, metavar="CHECKPOINT",
+                   help="the checkpoint the sweep is of, where there is one: time both, one process")
+    p.add_argument("--report", type=Path, default=None, help="JSON file for --time-against's figures")
+    p.add_argument("--standin-first", action="store_true", help="--time-against: the stand-in runs first per budget")
+    p.add_argument("--latency-texts", type=int, default=150)
+    p.add_argument("--latency-repeats", type=int, default=7)
     a = p.parse_args(argv)
+    if (a.time_against is None) != (a.report is None):
+        print("error: --time-against and --report go together", file=sys.stderr)
+        return 2
     try:
         exits = None if a.exits is None else tuple(int(x) for x in a.exits.split(",") if x.strip())
     except ValueError:
@@ -129,11 +162,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sweep = json.loads(a.sweep.read_text())
         model = build(sweep, a.base, exits, max_length=a.max_length)
+        if a.report is not None:
+            check_out(a.report)
         folder = write(model, a.sweep, a.base, a.out, a.max_length)
+        print(f"{folder}: {len(sweep['points'])} plans as in {a.sweep}")
+        if a.time_against is not None and a.report is not None:
+            doc = time_against(a.time_against, folder, sweep["dataset"], a.latency_texts, a.latency_repeats,
+                               a.standin_first)
+            write_doc(doc, a.report, "standin", argv)
+            for r in doc["rows"]:
+                print(f"b={r['budget']:.2f} checkpoint {r['checkpoint_ms']:.3f} ms, stand-in {r['standin_ms']:.3f} ms, "
+                      f"stand-in / checkpoint {r['standin_over_checkpoint']:.3f}")
     except (OSError, ValueError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"{folder}: {len(sweep['points'])} plans as in {a.sweep}")
     return 0
 
 

@@ -19,11 +19,15 @@ from tests.experiments.sweeps import plan_sweep
 
 
 @pytest.fixture(scope="module")
-def with_exits(tmp_path_factory: pytest.TempPathFactory) -> BudgetedClassifier:
+def exits_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random whole-model checkpoint of the tiny base with an exit after layer 1 of 2."""
-    folder = make_random_checkpoint(tmp_path_factory.mktemp("standin") / "exits", seed=11, scope="model",
-                                    ffn_group=32, exits=(1,))
-    return load_checkpoint(folder)[0]
+    return make_random_checkpoint(tmp_path_factory.mktemp("standin") / "exits", seed=11, scope="model",
+                                  ffn_group=32, exits=(1,))
+
+
+@pytest.fixture(scope="module")
+def with_exits(exits_folder: Path) -> BudgetedClassifier:
+    return load_checkpoint(exits_folder)[0]
 
 
 @pytest.mark.parametrize("kind", ["attention", "model", "model-exits"])
@@ -79,3 +83,18 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert standin.main(["--sweep", str(tmp_path / "missing.json"), "--exits", "a", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("error: ") for line in err)
+
+
+def test_the_standin_is_timed_against_its_checkpoint_in_one_process(with_exits: BudgetedClassifier,
+                                                                   exits_folder: Path, tmp_path: Path) -> None:
+    sweep, report = tmp_path / "sweep.json", tmp_path / "check.json"
+    sweep.write_text(json.dumps(plan_sweep(with_exits)))
+    args = ["--sweep", str(sweep), "--base", "tiny", "--out", str(tmp_path / "s"), "--time-against",
+            str(exits_folder), "--report", str(report), "--latency-texts", "3", "--latency-repeats", "1"]
+    assert standin.main(args) == 0
+    doc = json.loads(report.read_text())
+    assert [r["budget"] for r in doc["rows"]] == list(standin.CHECK_BUDGETS)
+    for r in doc["rows"]:
+        assert r["standin_over_checkpoint"] == pytest.approx(r["standin_ms"] / r["checkpoint_ms"])
+    assert doc["command"] == "python -m headbudget.experiments.standin " + " ".join(args)
+    assert standin.main(args[:6] + ["--time-against", str(exits_folder)]) == 2  # no --report to write to
