@@ -28,7 +28,13 @@ import numpy as np
 import torch
 
 from headbudget.experiments import baselines
-from headbudget.experiments.compare_measure import EngineFactory, engine_factory, measure_latency
+from headbudget.experiments.compare_measure import (
+    EngineFactory,
+    add_latency_options,
+    check_latency_options,
+    engine_factory,
+    measure_latency,
+)
 from headbudget.experiments.latency_placement import placement
 from headbudget.experiments.script_output import check_out, write_doc
 from headbudget.models.checkpoint import load_checkpoint, save_checkpoint
@@ -120,11 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compare", type=Path, required=True, help="compare.json of a --scope model run")
     p.add_argument("--out", type=Path, required=True, help="JSON file to write")
     p.add_argument("--work", type=Path, default=None, help="folder for the stand-ins (default: beside --out)")
-    p.add_argument("--latency-texts", type=int, default=150)
-    p.add_argument("--latency-repeats", type=int, default=5)
+    add_latency_options(p)
     args = p.parse_args(argv)
     try:
         check_out(args.out)
+        check_latency_options(args)
         compare = json.loads(args.compare.read_text())
         if compare.get("scope") != "model":
             raise ValueError(f"{args.compare} is not a --scope model comparison")

@@ -30,6 +30,7 @@ import torch
 
 from headbudget.engine.factory import load_engine
 from headbudget.engine.types import EngineOptions
+from headbudget.experiments.compare_measure import add_latency_options, check_latency_options
 from headbudget.experiments.latency_placement import at_latency
 from headbudget.experiments.script_output import check_out, write_doc
 from headbudget.models.checkpoint import load_checkpoint
@@ -211,11 +212,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--widths", default="0.5,0.75,0.9,1.0", help="width budgets the exit plans run")
     p.add_argument("--budgets", default="0.25,0.3,0.35,0.4,0.45,0.5,0.55,0.6,0.65,0.7,0.75,0.8,0.85,0.9,1.0",
                    help="the checkpoint's own budgets to place the exits against")
-    p.add_argument("--latency-texts", type=int, default=150)
-    p.add_argument("--latency-repeats", type=int, default=5)
+    add_latency_options(p)
     args = p.parse_args(argv)
     try:
         check_out(args.out)
+        check_latency_options(args)
         try:
             widths = [float(w) for w in args.widths.split(",")]
             budgets = [float(b) for b in args.budgets.split(",")]

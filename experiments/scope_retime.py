@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from headbudget.experiments import standin
-from headbudget.experiments.compare_measure import EngineFactory, engine_factory, measure_latency
+from headbudget.experiments.compare_measure import (
+    EngineFactory,
+    add_latency_options,
+    check_latency_options,
+    engine_factory,
+    measure_latency,
+)
 from headbudget.experiments.latency_placement import placement
 from headbudget.experiments.script_output import check_out, write_doc
 from headbudget.models.tokenizer import TextEncoder
@@ -93,14 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--exits", default=None, help="the whole-model runs' exits, for sweeps that do not record them")
     p.add_argument("--base", default="minilm", help="the base both were trained from")
     p.add_argument("--work", type=Path, default=None, help="folder for the stand-ins (default: beside --out)")
-    p.add_argument("--latency-texts", type=int, default=150)
-    p.add_argument("--latency-repeats", type=int, default=5)
+    add_latency_options(p)
     args = p.parse_args(argv)
     try:
         check_out(args.out)
-        exits = None if args.exits is None else tuple(int(x) for x in args.exits.split(",") if x.strip())
-        if args.latency_texts < 1 or args.latency_repeats < 1:
-            raise ValueError("--latency-texts and --latency-repeats must be at least 1")
+        check_latency_options(args)
+        exits = standin.parse_exits(args.exits)
         pairs = [(seed, Path(m), Path(a)) for seed, m, a in args.pair]
         budgets = tuple(sorted({float(pt["budget"]) for _, m, a in pairs for path in (m, a)
                                 for pt in json.loads(path.read_text())["points"]}))

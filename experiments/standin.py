@@ -30,7 +30,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from headbudget.experiments.compare_measure import engine_factory, measure_latency
+from headbudget.experiments.compare_measure import (
+    add_latency_options,
+    check_latency_options,
+    engine_factory,
+    measure_latency,
+)
 from headbudget.experiments.script_output import check_out, write_doc
 from headbudget.models.checkpoint import save_checkpoint
 from headbudget.models.classifier import BudgetedClassifier
@@ -43,6 +48,14 @@ from headbudget.training.trainer import build_base, tokenizer_folder
 
 CHECK_BUDGETS = (1.0, 0.75, 0.5, 0.25, 0.1)
 STANDIN_NOTE = "timing stand-in: the base's weights with the sweep's unit ranking; its answers are not the checkpoint's"
+
+
+def parse_exits(text: str | None) -> tuple[int, ...] | None:
+    """``--exits 3`` or ``2,4`` (None: not given, take the sweep's)."""
+    try:
+        return None if text is None else tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"--exits {text!r}: expected comma-separated layer depths, e.g. 3") from None
 
 
 def gate_of(sweep: dict[str, Any], exits: tuple[int, ...] | None) -> GateConfig:
@@ -148,18 +161,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="the checkpoint the sweep is of, where there is one: time both, one process")
     p.add_argument("--report", type=Path, default=None, help="JSON file for --time-against's figures")
     p.add_argument("--standin-first", action="store_true", help="--time-against: the stand-in runs first per budget")
-    p.add_argument("--latency-texts", type=int, default=150)
-    p.add_argument("--latency-repeats", type=int, default=7)
+    add_latency_options(p, repeats=7)
     a = p.parse_args(argv)
     if (a.time_against is None) != (a.report is None):
         print("error: --time-against and --report go together", file=sys.stderr)
         return 2
     try:
-        exits = None if a.exits is None else tuple(int(x) for x in a.exits.split(",") if x.strip())
-    except ValueError:
-        print(f"error: --exits {a.exits!r}: expected comma-separated layer depths, e.g. 3", file=sys.stderr)
-        return 2
-    try:
+        exits = parse_exits(a.exits)
+        check_latency_options(a)
         sweep = json.loads(a.sweep.read_text())
         model = build(sweep, a.base, exits, max_length=a.max_length)
         if a.report is not None:
