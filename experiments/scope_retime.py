@@ -17,7 +17,6 @@ placement aggregates over them.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -41,14 +40,14 @@ SIDES = (("budgeted", "model"), ("attention-only", "attention"))  # latency_plac
 
 def _sweeps(model_path: Path, attention_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """Both sweeps, refused unless they are a whole-model and an attention-scope sweep of one test split."""
-    model, att = (json.loads(p.read_text()) for p in (model_path, attention_path))
+    model, att = standin.read_sweep(model_path), standin.read_sweep(attention_path)
     if model.get("scope") != "model" or att.get("scope", "attention") != "attention":
         raise ValueError(f"expected a whole-model sweep then an attention-scope one: {model_path} is "
                          f"{model.get('scope', 'attention')}, {attention_path} is {att.get('scope', 'attention')}")
-    if (model["dataset"], model["split"], model["n_examples"]) != (att["dataset"], att["split"], att["n_examples"]):
+    split = [(s["dataset"], s.get("split"), s.get("n_examples")) for s in (model, att)]
+    if split[0] != split[1]:
         raise ValueError(f"{model_path} and {attention_path} are not of one test split: "
-                         f"{model['dataset']}/{model['split']}/{model['n_examples']} against "
-                         f"{att['dataset']}/{att['split']}/{att['n_examples']}")
+                         + " against ".join("/".join(str(x) for x in t) for t in split))
     return model, att
 
 
@@ -107,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         exits = standin.parse_exits(args.exits)
         pairs = [(seed, Path(m), Path(a)) for seed, m, a in args.pair]
         budgets = tuple(sorted({float(pt["budget"]) for _, m, a in pairs for path in (m, a)
-                                for pt in json.loads(path.read_text())["points"]}))
+                                for pt in standin.read_sweep(path)["points"]}))
         doc = retime(pairs, exits, args.base, args.work or args.out.with_suffix(".standins"),
                      engine_factory("onnxruntime", budgets), args.latency_texts, args.latency_repeats)
     except (OSError, ValueError, KeyError) as e:

@@ -50,6 +50,20 @@ CHECK_BUDGETS = (1.0, 0.75, 0.5, 0.25, 0.1)
 STANDIN_NOTE = "timing stand-in: the base's weights with the sweep's unit ranking; its answers are not the checkpoint's"
 
 
+SWEEP_KEYS = ("dataset", "n_layers", "n_heads", "head_order", "points")
+
+
+def read_sweep(path: Path) -> dict[str, Any]:
+    """A sweep.json, refused with one line unless it holds what a stand-in is built from."""
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e.msg})") from None
+    if not isinstance(doc, dict) or any(k not in doc for k in SWEEP_KEYS):
+        raise ValueError(f"{path}: not a sweep.json (it needs {', '.join(SWEEP_KEYS)})")
+    return doc
+
+
 def parse_exits(text: str | None) -> tuple[int, ...] | None:
     """``--exits 3`` or ``2,4`` (None: not given, take the sweep's)."""
     try:
@@ -65,7 +79,7 @@ def gate_of(sweep: dict[str, Any], exits: tuple[int, ...] | None) -> GateConfig:
         raise ValueError(f"--exits {list(exits)} differs from the sweep's exits {recorded}")
     chosen = tuple(recorded) if recorded is not None else (exits or ())
     if sweep.get("scope", "attention") == "attention":
-        return GateConfig(structural=bool(sweep["structural"]), exits=chosen)
+        return GateConfig(structural=bool(sweep.get("structural", False)), exits=chosen)
     return GateConfig(scope="model", ffn_group=int(sweep["ffn_group"]), ref_length=int(sweep["ref_length"]),
                       exits=chosen)
 
@@ -122,10 +136,19 @@ def build(sweep: dict[str, Any], base: str, exits: tuple[int, ...] | None, seed:
     return model.eval()
 
 
+def _is_standin(folder: Path) -> bool:
+    try:
+        return folder.is_dir() and "standin" in json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
 def write(model: BudgetedClassifier, sweep_path: Path, base: str, out: Path, max_length: int) -> Path:
     """Save the stand-in as a checkpoint folder (config marked ``standin``; no sweep.json, so nothing serves the
     real checkpoint's accuracy beside the base's answers)."""
     if out.exists():
+        if not _is_standin(out):  # "replaced if present" must never take a real checkpoint or any other folder
+            raise ValueError(f"--out {out} exists and is not a stand-in: choose a new folder")
         shutil.rmtree(out)
     meta = {"name": out.name, "model_type": "budgeted", "max_length": max_length, "base": base,
             "standin": {"sweep": str(sweep_path), "note": STANDIN_NOTE}}
@@ -169,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         exits = parse_exits(a.exits)
         check_latency_options(a)
-        sweep = json.loads(a.sweep.read_text())
+        sweep = read_sweep(a.sweep)
         model = build(sweep, a.base, exits, max_length=a.max_length)
         if a.report is not None:
             check_out(a.report)

@@ -78,11 +78,28 @@ def test_the_cli_writes_a_checkpoint_the_engine_runs_and_serve_refuses(with_exit
     assert len(served.stderr.strip().splitlines()) == 1
 
 
-def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert standin.main(["--sweep", str(tmp_path / "missing.json"), "--out", str(tmp_path / "x")]) == 2
-    assert standin.main(["--sweep", str(tmp_path / "missing.json"), "--exits", "a", "--out", str(tmp_path)]) == 2
+def test_bad_input_is_one_line(with_exits: BudgetedClassifier, tmp_path: Path,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    sweep, other = tmp_path / "sweep.json", tmp_path / "other.json"
+    sweep.write_text(json.dumps(plan_sweep(with_exits)))
+    precious = tmp_path / "precious"  # an existing folder that is not a stand-in is never replaced
+    precious.mkdir()
+    (precious / "keep").write_text("x")
+    bad = [["--sweep", str(tmp_path / "missing.json"), "--out", str(tmp_path / "x")],
+           ["--sweep", str(sweep), "--exits", "a", "--out", str(tmp_path / "x")],
+           ["--sweep", str(sweep), "--base", "tiny", "--out", str(precious)],
+           ["--sweep", str(other), "--out", str(tmp_path / "x")]]
+    for content in ("[]", "{}", "not json"):
+        other.write_text(content)
+        assert standin.main(bad[-1]) == 2
+    for args in bad[:-1]:
+        assert standin.main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and all(line.startswith("error: ") for line in err)
+    assert len(err) == 6 and all(line.startswith("error: ") for line in err)
+    assert "not a sweep.json" in err[0] and "not valid JSON" in err[2] and "not a stand-in" in err[5]
+    assert (precious / "keep").read_text() == "x"
+    assert standin.main(["--sweep", str(sweep), "--base", "tiny", "--out", str(tmp_path / "s")]) == 0
+    assert standin.main(["--sweep", str(sweep), "--base", "tiny", "--out", str(tmp_path / "s")]) == 0  # replaced
 
 
 def test_the_standin_is_timed_against_its_checkpoint_in_one_process(with_exits: BudgetedClassifier,
