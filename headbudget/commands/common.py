@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
+from typing import Any
 
 from headbudget.engine.errors import EngineError
 from headbudget.models.checkpoint_meta import CheckpointError  # torch-free (models.checkpoint re-exports it)
@@ -61,6 +62,14 @@ def positive_int(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return n
+
+
+def refuse_standin(config: dict[str, Any], model_dir: Path, override: str = "") -> None:
+    """A timing stand-in (experiments/standin.py) answers with its base's weights: never as the checkpoint."""
+    standin = config.get("standin")
+    if standin is not None:
+        raise CliError(f"{model_dir} is a timing stand-in of {standin.get('sweep')}, not a trained checkpoint: "
+                       "its answers are its base's" + (f" ({override})" if override else ""))
 
 
 def parse_exits(text: str) -> tuple[int, ...]:

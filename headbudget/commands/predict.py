@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from headbudget.commands.common import CliError, budget_arg, existing_dir
+from headbudget.commands.common import CliError, budget_arg, existing_dir, refuse_standin
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -27,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.text.strip():
         raise CliError("text is empty")
     model, config = load_checkpoint(args.model)
+    refuse_standin(config, args.model)
     encoder = TextEncoder(args.model, int(config.get("max_length", model.cfg.max_position)))
     enc = encoder.encode([args.text])
     ids, mask = enc.padded(encoder.pad_id)

@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from headbudget.commands.common import CliError, existing_dir, positive_int
+from headbudget.commands.common import CliError, existing_dir, positive_int, refuse_standin
 
 log = logging.getLogger(__name__)
 
@@ -59,16 +59,6 @@ def _needs_torch(model_dir: Path, backend: str) -> bool:
     return backend == "torch" or not model_type(checkpoint_config(model_dir)[1].model_type).static_plans
 
 
-def _refuse_standin(model_dir: Path) -> None:
-    """A timing stand-in (experiments/standin.py) answers with its base's weights: never serve it."""
-    from headbudget.engine.weights import checkpoint_config
-
-    standin = checkpoint_config(model_dir)[0].get("standin")
-    if standin is not None:
-        raise CliError(f"{model_dir} is a timing stand-in of {standin.get('sweep')}, not a trained checkpoint: "
-                       "its answers are its base's (--allow-standin to load-test it)")
-
-
 def run(args: argparse.Namespace) -> int:
     from headbudget.service.server import serve
     from headbudget.service.settings import ConfigError, ServeSettings, load_config, serve_env
@@ -96,7 +86,9 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--port must be in 1..65535, got {port}")
     backend = option("backend")
     if not args.allow_standin:
-        _refuse_standin(model)
+        from headbudget.engine.weights import checkpoint_config
+
+        refuse_standin(checkpoint_config(model)[0], model, "--allow-standin to load-test it")
     if _needs_torch(model, backend) and importlib.util.find_spec("torch") is None:
         raise CliError(f"this checkpoint or --backend {backend} runs on PyTorch, which is not installed: "
                        "install headbudget[torch]")

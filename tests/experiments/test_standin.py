@@ -74,8 +74,10 @@ def test_the_cli_writes_a_checkpoint_the_engine_runs_and_serve_refuses(with_exit
     finally:
         engine.close()
     served = run_cli("serve", "--model", str(out), "--port", "1", timeout=60)
-    assert served.returncode == 2 and "timing stand-in" in served.stderr
+    assert served.returncode == 2 and "timing stand-in" in served.stderr and "--allow-standin" in served.stderr
     assert len(served.stderr.strip().splitlines()) == 1
+    answered = run_cli("predict", "--model", str(out), "--budget", "0.5", "a text", timeout=60)
+    assert answered.returncode == 2 and "timing stand-in" in answered.stderr and not answered.stdout
 
 
 def test_bad_input_is_one_line(with_exits: BudgetedClassifier, tmp_path: Path,
