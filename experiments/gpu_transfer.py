@@ -116,6 +116,8 @@ def carry(out: Path, base: Path, datasets: tuple[str, ...] = DATASETS) -> list[P
     if missing:
         raise FileNotFoundError(f"data sets {missing} not found under {[str(r) for r in data_roots()]}")
     if out.exists():
+        if not (out / "setup.sh").is_file() or not (out / "base16").is_dir():  # only an earlier carry is replaced
+            raise FileExistsError(f"--out {out} exists and is not an earlier carry: choose a new folder")
         shutil.rmtree(out)
     base16 = out / "base16"
     base16.mkdir(parents=True)
@@ -159,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{f} {f.stat().st_size / 1e6:.1f} MB")
         else:
             print(unpack(a.parts, a.base16, a.tokenizer, a.out))
-    except (ValueError, FileNotFoundError, StopIteration) as e:
+    except (ValueError, FileNotFoundError, FileExistsError, StopIteration) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -75,6 +75,10 @@ def test_missing_data_or_parts_are_refused_before_anything_is_written(tmp_path: 
     with pytest.raises(FileNotFoundError, match="no_such_set"):
         gpu_transfer.carry(tmp_path / ".carry", minilm_path(), ("ag_news", "no_such_set"))
     assert not (tmp_path / ".carry").exists()
+    (tmp_path / "precious").mkdir()
+    (tmp_path / "precious" / "keep").write_text("x")  # an existing folder that is not a carry stays
+    assert gpu_transfer.main(["carry", "--out", str(tmp_path / "precious")]) == 2
+    assert (tmp_path / "precious" / "keep").read_text() == "x"
     assert gpu_transfer.main(["pack", "--run", str(tmp_path), "--base", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: ")
+    assert len(err) == 2 and all(line.startswith("error: ") for line in err) and "not an earlier carry" in err[0]
