@@ -13,7 +13,8 @@ set -u
 SEEDS=("${@:-13}")
 [ -n "${OUT:-}" ] || { echo "OUT is not set (this script runs through the device tool)"; exit 2; }
 source .carry/setup.sh
-# HB_RECIPE, HB_EXITS and HB_DEVICE are for a smoke run of this script on a CPU (tiny base, synthetic task).
+# HB_RECIPE, HB_EXITS, HB_DEVICE and HB_EVERY are for a smoke run of this script on a CPU (tiny base, synthetic
+# task; tests/experiments/test_gpu_seeds.py), so that a lent GPU's minutes are not spent finding its bugs.
 KEPT="--base minilm --data ag_news --recipe full --set length_buckets=true --set hard_teacher=dense"
 KEPT+=" --set hard_epochs=10 --set sandwich=true --set fused_sandwich=true"
 read -r -a RECIPE <<< "${HB_RECIPE:-$KEPT}"
@@ -36,7 +37,7 @@ for seed in "${SEEDS[@]}"; do
   one "m$seed" "$seed" --scope model --exits "$EXITS" &
   one "a$seed" "$seed" --scope attention &
 done
-while sleep 30; do  # a line per half minute: how far each run got, for a call that is cut off
+while sleep "${HB_EVERY:-30}"; do  # a line per half minute: how far each run got, for a call that is cut off
   line="$(date +%T)"
   for f in runs/*.log; do line+=" $(basename "$f" .log):$(grep -o 'stage [a-z]*' "$f" | tail -1 | cut -c7-)"; done
   echo "$line" >> "$OUT/progress.log"
