@@ -48,8 +48,6 @@ from headbudget.training.trainer import build_base, tokenizer_folder
 
 CHECK_BUDGETS = (1.0, 0.75, 0.5, 0.25, 0.1)
 STANDIN_NOTE = "timing stand-in: the base's weights with the sweep's unit ranking; its answers are not the checkpoint's"
-
-
 SWEEP_KEYS = ("dataset", "n_layers", "n_heads", "head_order", "points")
 
 
@@ -101,7 +99,7 @@ def set_ranking(model: BudgetedClassifier, order: np.ndarray) -> None:
         model.gates.logit.copy_(a.to(model.gates.logit.dtype))
 
 
-def plan_record(plan: ExecutionPlan, n_layers: int) -> dict[str, Any]:
+def plan_record(plan: ExecutionPlan) -> dict[str, Any]:
     """A plan in the sweep's terms: heads (and neurons) per layer, and the layers run."""
     out: dict[str, Any] = {"heads_per_layer": list(plan.heads)}
     if plan.ffn is not None:
@@ -114,7 +112,7 @@ def check_plans(model: BudgetedClassifier, sweep: dict[str, Any]) -> None:
     """Raise unless the model's plan at every swept budget is the sweep's."""
     policy = model.gates.policy()
     for point in sweep["points"]:
-        ours = plan_record(policy.plan(float(point["budget"])), model.cfg.n_layers)
+        ours = plan_record(policy.plan(float(point["budget"])))
         theirs = {k: point[k] for k in ours if k in point}
         if {k: ours[k] for k in theirs} != theirs:
             raise ValueError(f"b={point['budget']:.2f}: the stand-in's plan {ours} differs from the sweep's {theirs}"

@@ -16,7 +16,7 @@ def plan_sweep(model: BudgetedClassifier, record_exits: bool = True, n_examples:
         "dataset": "synthetic", "split": "test", "n_examples": n_examples, "dense_accuracy": 0.9,
         "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "structural": cfg.gate.structural,
         "head_order": model.gates.order().tolist(),
-        "points": [{"budget": b, **standin.plan_record(policy.plan(b), cfg.n_layers), "accuracy_hard": 0.5 + 0.4 * b}
+        "points": [{"budget": b, **standin.plan_record(policy.plan(b)), "accuracy_hard": 0.5 + 0.4 * b}
                    for b in BUDGET_GRID],
     }
     if cfg.gate.scope == "model":
