@@ -35,7 +35,7 @@ from headbudget.models.tokenizer import TextEncoder
 from headbudget.training.batches import tokenize
 from headbudget.training.data import load_data
 
-SIDES = (("budgeted", "model"), ("attention-only", "attention"))  # latency_placement's method names
+METHODS = ("budgeted", "attention-only")  # latency_placement's names of the whole-model and attention-only sides
 
 
 def _sweeps(model_path: Path, attention_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -55,7 +55,7 @@ def seed_results(model_sweep: dict[str, Any], att_sweep: dict[str, Any],
                  lat: dict[tuple[str, float], dict[str, float]]) -> dict[str, dict[str, Any]]:
     """One seed's results in compare's format: method@budget -> budget, accuracy (hard), latency."""
     out: dict[str, dict[str, Any]] = {}
-    for (method, _), sweep in zip(SIDES, (model_sweep, att_sweep), strict=True):
+    for method, sweep in zip(METHODS, (model_sweep, att_sweep), strict=True):
         for p in sweep["points"]:
             b = float(p["budget"])
             out[f"{method}@{b:.2f}"] = {"method": method, "budget": b, "accuracy": p["accuracy_hard"],
@@ -70,13 +70,13 @@ def retime(pairs: list[tuple[str, Path, Path]], exits: tuple[int, ...] | None, b
     for seed, model_path, att_path in pairs:
         model_sweep, att_sweep = _sweeps(model_path, att_path)
         folders: dict[str, Path] = {}
-        for (method, _), sweep, path in zip(SIDES, (model_sweep, att_sweep), (model_path, att_path), strict=True):
+        for method, sweep, path in zip(METHODS, (model_sweep, att_sweep), (model_path, att_path), strict=True):
             model = standin.build(sweep, base, exits if method == "budgeted" else None)
             folders[method] = standin.write(model, path, base, work / f"{seed}-{method}", 128)
         ds = load_data(model_sweep["dataset"])  # the test split does not depend on the seed
         test = tokenize(ds.test, TextEncoder(folders["budgeted"], 128))
         entries = [(method, float(p["budget"]), folders[method])
-                   for (method, _), sweep in zip(SIDES, (model_sweep, att_sweep), strict=True)
+                   for method, sweep in zip(METHODS, (model_sweep, att_sweep), strict=True)
                    for p in sweep["points"]]
         lat = measure_latency(entries, test, factory, texts, repeats)
         per_seed[seed] = {"model_sweep": str(model_path), "attention_sweep": str(att_path),
