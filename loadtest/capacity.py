@@ -96,22 +96,33 @@ def mixed_traffic(model: Path, texts: list[str], workers: int, budgets: list[flo
         for i in range(rounds):
             # odd rounds run the mix first, so that drift within a round does not always favour one side
             steps: list[float | list[float]] = [*budgets, budgets] if i % 2 == 0 else [budgets, *budgets]
-            single = {}
+            single, forward_single = {}, {}
             for step in steps:
                 before = server_cpu_s(srv)
                 r = asyncio.run(closed_loop(srv.url, texts, step, users, seconds))
                 cpu = cpu_per_request(before, server_cpu_s(srv), r["codes"].get("200", 0) or 1)
                 if isinstance(step, list):
-                    mixed, n = cpu, r["answered_by_budget"]
+                    mixed, n, forward_mixed = cpu, r["answered_by_budget"], r["forward_ms_p50_by_budget"]
                 else:
                     single[str(step)] = cpu
+                    forward_single.update(r["forward_ms_p50_by_budget"])
             expected = sum(n[b] * single[b]["engine_cpu_ms_per_request"] for b in n) / max(1, sum(n.values()))
             out.append({"order": [str(x) for x in steps], "single": single, "mixed": mixed, "answered_by_budget": n,
                         "expected_engine_cpu_ms_per_request": expected,
-                        "mixed_over_expected": mixed["engine_cpu_ms_per_request"] / expected if expected else None})
+                        "mixed_over_expected": mixed["engine_cpu_ms_per_request"] / expected if expected else None,
+                        # the answers' own forward-pass medians: what the bench's speedup over b = 1 is in serving
+                        "forward_ms_p50": {"single": forward_single, "mixed": forward_mixed},
+                        "speedup_over_top": {k: _speedups(v, budgets) for k, v in
+                                             (("single", forward_single), ("mixed", forward_mixed))}})
     ratios = sorted(r["mixed_over_expected"] for r in out if r["mixed_over_expected"] is not None)
     return {"budgets": budgets, "users": users, "seconds": seconds, "workers": workers, "precision": precision,
             "rounds": out, "median_mixed_over_expected": ratios[len(ratios) // 2] if ratios else None}
+
+
+def _speedups(forward_ms: dict[str, float | None], budgets: list[float]) -> dict[str, float | None]:
+    """Each budget's forward pass against the largest budget's, from the answers' medians."""
+    top = forward_ms.get(str(max(budgets)))
+    return {b: (top / ms if top and ms else None) for b, ms in forward_ms.items()}
 
 
 def overload(model: Path, texts: list[str], workers: int, users: int, seconds: float) -> dict[str, Any]:

@@ -46,6 +46,10 @@ def test_mixed_traffic_alternates_budgets_and_weighs_each_alone(smoke_model_scop
     assert rnd["expected_engine_cpu_ms_per_request"] == pytest.approx(expected)
     assert rnd["mixed_over_expected"] == pytest.approx(rnd["mixed"]["engine_cpu_ms_per_request"] / expected)
     assert doc["median_mixed_over_expected"] in {r["mixed_over_expected"] for r in doc["rounds"]}
+    for kind in ("single", "mixed"):  # the answers' own forward-pass times, and b = 1's over each budget's
+        fwd = rnd["forward_ms_p50"][kind]
+        assert set(fwd) == {"1.0", "0.25"} and all(v > 0 for v in fwd.values())
+        assert rnd["speedup_over_top"][kind] == {b: pytest.approx(fwd["1.0"] / fwd[b]) for b in fwd}
 
 
 @pytest.mark.parametrize("flags", [["--budgets", "1,abc"], ["--budgets", "0"], ["--mixed", "--mixed-users", "0"]])
