@@ -99,7 +99,7 @@ def mixed_traffic(model: Path, texts: list[str], workers: int, budgets: list[flo
             single, forward_single = {}, {}
             for step in steps:
                 before = server_cpu_s(srv)
-                r = asyncio.run(closed_loop(srv.url, texts, step, users, seconds))
+                r = asyncio.run(closed_loop(srv.url, texts, step, users, seconds, forward=True))
                 cpu = cpu_per_request(before, server_cpu_s(srv), r["codes"].get("200", 0) or 1)
                 if isinstance(step, list):
                     mixed, n, forward_mixed = cpu, r["answered_by_budget"], r["forward_ms_p50_by_budget"]
