@@ -23,7 +23,6 @@ from typing import Any
 
 from headbudget.experiments import standin
 from headbudget.experiments.compare_measure import (
-    EngineFactory,
     add_latency_options,
     check_latency_options,
     engine_factory,
@@ -31,6 +30,7 @@ from headbudget.experiments.compare_measure import (
 )
 from headbudget.experiments.latency_placement import placement
 from headbudget.experiments.script_output import check_out, write_doc
+from headbudget.models.config import parse_exits
 from headbudget.models.tokenizer import TextEncoder
 from headbudget.training.batches import tokenize
 from headbudget.training.data import load_data
@@ -64,11 +64,13 @@ def seed_results(model_sweep: dict[str, Any], att_sweep: dict[str, Any],
 
 
 def retime(pairs: list[tuple[str, Path, Path]], exits: tuple[int, ...] | None, base: str, work: Path,
-           factory: EngineFactory, texts: int, repeats: int) -> dict[str, Any]:
+           texts: int, repeats: int) -> dict[str, Any]:
     """The document: per seed, both curves with latencies measured here, and the placement over the seeds."""
+    sweeps = [_sweeps(model_path, att_path) for _, model_path, att_path in pairs]  # all checked before any work
+    budgets = sorted({float(p["budget"]) for pair in sweeps for sweep in pair for p in sweep["points"]})
+    factory = engine_factory("onnxruntime", tuple(budgets))  # every swept budget prepacked, as compare does
     per_seed: dict[str, Any] = {}
-    for seed, model_path, att_path in pairs:
-        model_sweep, att_sweep = _sweeps(model_path, att_path)
+    for (seed, model_path, att_path), (model_sweep, att_sweep) in zip(pairs, sweeps, strict=True):
         folders: dict[str, Path] = {}
         for method, sweep, path in zip(METHODS, (model_sweep, att_sweep), (model_path, att_path), strict=True):
             model = standin.build(sweep, base, exits if method == "budgeted" else None)
@@ -103,12 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_out(args.out)
         check_latency_options(args)
-        exits = standin.parse_exits(args.exits)
+        exits = None if args.exits is None else parse_exits(args.exits)  # None: the sweeps' own
         pairs = [(seed, Path(m), Path(a)) for seed, m, a in args.pair]
-        budgets = tuple(sorted({float(pt["budget"]) for _, m, a in pairs for path in (m, a)
-                                for pt in standin.read_sweep(path)["points"]}))
-        doc = retime(pairs, exits, args.base, args.work or args.out.with_suffix(".standins"),
-                     engine_factory("onnxruntime", budgets), args.latency_texts, args.latency_repeats)
+        doc = retime(pairs, exits, args.base, args.work or args.out.with_suffix(".standins"), args.latency_texts,
+                     args.latency_repeats)
     except (OSError, ValueError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

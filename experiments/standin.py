@@ -38,8 +38,9 @@ from headbudget.experiments.compare_measure import (
 )
 from headbudget.experiments.script_output import check_out, write_doc
 from headbudget.models.checkpoint import save_checkpoint
+from headbudget.models.checkpoint_meta import STANDIN, CheckpointError, read_config, standin_of
 from headbudget.models.classifier import BudgetedClassifier
-from headbudget.models.config import GateConfig
+from headbudget.models.config import GateConfig, parse_exits
 from headbudget.models.plan import ExecutionPlan
 from headbudget.models.tokenizer import TextEncoder, copy_tokenizer
 from headbudget.training.batches import tokenize
@@ -60,14 +61,6 @@ def read_sweep(path: Path) -> dict[str, Any]:
     if not isinstance(doc, dict) or any(k not in doc for k in SWEEP_KEYS):
         raise ValueError(f"{path}: not a sweep.json (it needs {', '.join(SWEEP_KEYS)})")
     return doc
-
-
-def parse_exits(text: str | None) -> tuple[int, ...] | None:
-    """``--exits 3`` or ``2,4`` (None: not given, take the sweep's)."""
-    try:
-        return None if text is None else tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise ValueError(f"--exits {text!r}: expected comma-separated layer depths, e.g. 3") from None
 
 
 def gate_of(sweep: dict[str, Any], exits: tuple[int, ...] | None) -> GateConfig:
@@ -136,8 +129,8 @@ def build(sweep: dict[str, Any], base: str, exits: tuple[int, ...] | None, seed:
 
 def _is_standin(folder: Path) -> bool:
     try:
-        return folder.is_dir() and "standin" in json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError, TypeError):
+        return standin_of(read_config(folder)) is not None
+    except CheckpointError:
         return False
 
 
@@ -149,7 +142,7 @@ def write(model: BudgetedClassifier, sweep_path: Path, base: str, out: Path, max
             raise ValueError(f"--out {out} exists and is not a stand-in: choose a new folder")
         shutil.rmtree(out)
     meta = {"name": out.name, "model_type": "budgeted", "max_length": max_length, "base": base,
-            "standin": {"sweep": str(sweep_path), "note": STANDIN_NOTE}}
+            STANDIN: {"sweep": str(sweep_path), "note": STANDIN_NOTE}}
     save_checkpoint(model, out, meta)
     copy_tokenizer(tokenizer_folder(base), out)
     return out
@@ -188,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --time-against and --report go together", file=sys.stderr)
         return 2
     try:
-        exits = parse_exits(a.exits)
+        exits = None if a.exits is None else parse_exits(a.exits)  # None: the sweep's own
         check_latency_options(a)
         sweep = read_sweep(a.sweep)
         model = build(sweep, a.base, exits, max_length=a.max_length)

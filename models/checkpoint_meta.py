@@ -13,6 +13,9 @@ FORMAT = "headbudget-checkpoint"
 FORMAT_VERSION = 1
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
+# config.json key of a timing stand-in (experiments/standin.py): the sweep it was rebuilt from. Its weights are
+# the base's, so nothing may answer with it as if it were the checkpoint.
+STANDIN = "standin"
 
 
 class CheckpointError(ValueError):
@@ -37,6 +40,11 @@ def read_config(folder: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: format_version {config.get('format_version')!r}, "
                               f"this version reads {FORMAT_VERSION}")
     return config
+
+
+def standin_of(config: dict[str, Any]) -> dict[str, Any] | None:
+    """What a timing stand-in's config says it stands for; None for a trained checkpoint."""
+    return config.get(STANDIN)
 
 
 def model_config(config: dict[str, Any], path: Path) -> ModelConfig:

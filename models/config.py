@@ -10,6 +10,14 @@ from headbudget.models.model_types import REGISTRY, model_type
 SCOPES: tuple[str, ...] = ("attention", "model")
 
 
+def parse_exits(text: str) -> tuple[int, ...]:
+    """``--exits 3`` or ``--exits 2,4``: the layer depths with an exit head (layer skipping); empty: none."""
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"--exits {text!r}: expected comma-separated layer depths, e.g. 3") from None
+
+
 @dataclass(frozen=True)
 class GateConfig:
     """How a budget b turns into per-head gates (METHODS.md section 1)."""

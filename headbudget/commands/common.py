@@ -8,7 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from headbudget.engine.errors import EngineError
-from headbudget.models.checkpoint_meta import CheckpointError  # torch-free (models.checkpoint re-exports it)
+from headbudget.models.checkpoint_meta import (  # torch-free (models.checkpoint re-exports CheckpointError)
+    CheckpointError,
+    standin_of,
+)
 from headbudget.models.hf_families import PretrainedError  # torch-free
 
 
@@ -66,15 +69,17 @@ def positive_int(text: str) -> int:
 
 def refuse_standin(config: dict[str, Any], model_dir: Path, override: str = "") -> None:
     """A timing stand-in (experiments/standin.py) answers with its base's weights: never as the checkpoint."""
-    standin = config.get("standin")
+    standin = standin_of(config)
     if standin is not None:
         raise CliError(f"{model_dir} is a timing stand-in of {standin.get('sweep')}, not a trained checkpoint: "
                        "its answers are its base's" + (f" ({override})" if override else ""))
 
 
 def parse_exits(text: str) -> tuple[int, ...]:
-    """``--exits 3`` or ``--exits 2,4``: the layer depths with an exit head (layer skipping); empty: none."""
+    """``--exits`` (models.config.parse_exits), a bad value as a CliError."""
+    from headbudget.models.config import parse_exits as parse  # torch-free
+
     try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise CliError(f"--exits {text!r}: expected comma-separated layer depths, e.g. 3") from None
+        return parse(text)
+    except ValueError as e:
+        raise CliError(str(e)) from None
