@@ -36,12 +36,6 @@ RUN python -c "import tomllib; p = tomllib.load(open('/src/pyproject.toml', 'rb'
 
 COPY README.md LICENSE /src/
 COPY headbudget /src/headbudget
-COPY models /src/models
-COPY engine /src/engine
-COPY training /src/training
-COPY service /src/service
-COPY experiments /src/experiments
-COPY loadtest /src/loadtest
 RUN pip install --no-deps /src && headbudget --help > /dev/null
 
 # ---- runtime: the virtual environment, a non-root user, the config and (optionally) a baked model ---------

@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="mypy is not installed (pip install -e .[dev])")
 def test_engine_passes_mypy_strict() -> None:
-    # -p with the package name: the top-level folders are symlinked under headbudget/, so modules resolve
-    # as headbudget.engine.*, which is what the strict override in pyproject.toml names.
+    # -p with the package name, resolved from the repository root: modules are headbudget.engine.*, which is
+    # what the strict override in pyproject.toml names.
     proc = subprocess.run([sys.executable, "-m", "mypy", "-p", "headbudget.engine"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -141,10 +141,11 @@ def test_every_copy_source_is_in_the_build_context() -> None:
 
 def test_context_leaves_out_what_the_image_does_not_need() -> None:
     for path in (".venv/bin/python", ".git/HEAD", "tests/conftest.py", "runs/x/log.txt", "docs/results.md",
-                 "models/__pycache__/config.cpython-311.pyc", "loadtest/reports/r1/report.html"):
+                 "headbudget/models/__pycache__/config.cpython-311.pyc",
+                 "headbudget/loadtest/reports/r1/report.html"):
         assert not in_context(path), path
-    for path in ("pyproject.toml", "README.md", "models/config.py", "service/metrics.py", "experiments/bench.py",
-                 "loadtest/mix.py"):
+    for path in ("pyproject.toml", "README.md", "headbudget/models/config.py", "headbudget/service/metrics.py",
+                 "headbudget/experiments/bench.py", "headbudget/loadtest/mix.py"):
         assert in_context(path), path
 
 
