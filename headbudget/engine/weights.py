@@ -9,7 +9,7 @@ Layout, per layer l, with heads permuted by ``layer_head_orders`` (rank order in
   are the k kept heads, a contiguous view; the graph multiplies with ``transB=1``.
 - W_O transposed, (H*d_h, D): rows are head inputs, so the first k*d_h rows are again a contiguous view.
 - FFN weights transposed to (in, out), the layout MatMul and the quantized MatMul want.
-- Whole-model budgets (METHODS.md section 6): the feed-forward neurons in ``BudgetPolicy.neuron_perms`` order
+- Whole-model budgets (docs/method.md §4): the feed-forward neurons in ``BudgetPolicy.neuron_perms`` order
   (W1 rows, b1 entries, W2 input rows), so that a plan's kept neurons are the first ffn[l] of every layer:
   W2 (I, D) and b1 prefixes are row views. W1 stays in nn.Linear's (I, D) layout (the graph uses
   ``transB=1``) so that its prefix is a row view too, in fp32 and int8, see ``w1_by_rows``. Attention-scope

@@ -1,4 +1,4 @@
-"""Baselines as ordinary checkpoints (METHODS.md section 4 and the evaluation protocol).
+"""Baselines as ordinary checkpoints (docs/method.md §9 and §10).
 
 Every baseline is a ``BudgetedClassifier`` whose gate parameters *encode* the method's head ranking, so the
 same mask policy (models/budget.py: heads ranked by crossing logit -a/beta, budget b keeps the first k),
@@ -11,7 +11,7 @@ the engine and the sweep all serve it unchanged:
 - ``static``: gates trained for one fixed budget from the dense warm start (stage 2 with b fixed, then
   stage-3 hard adaptation at that b); one artifact per budget.
 
-Whole-model budgets (METHODS.md section 6, issue 16): the same encoding ranks every unit, heads and feed-forward
+Whole-model budgets (docs/method.md §4): the same encoding ranks every unit, heads and feed-forward
 groups (``posthoc-model``: the gradient-importance ranking over all units), and the dedicated small models a
 user would train instead are dense attention-scope checkpoints cut from the dense warm start and fine-tuned
 with dense-teacher distillation: ``drop_top_layers`` (the first layers only) and ``keep_neurons`` (each

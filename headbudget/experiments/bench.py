@@ -1,6 +1,6 @@
 """The latency benchmark: the engine at several budgets against the dense runtimes, in one process.
 
-Protocol (METHODS.md): one thread, eval mode, pre-tokenized inputs, warm-up, then the median and p90 of
+Protocol (docs/method.md §10): one thread, eval mode, pre-tokenized inputs, warm-up, then the median and p90 of
 ``repeats`` timed calls. Methods are timed round-robin (every round runs every method once on the same
 batch), so load from other processes on a shared machine hits all of them alike.
 """

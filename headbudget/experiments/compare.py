@@ -1,6 +1,6 @@
 """`headbudget compare`: train or reuse every method for every seed, evaluate on one test split, report.
 
-Methods (METHODS.md sections 1 and 4; one row per method and budget in compare.json):
+Methods (docs/method.md §6 and §9; one row per method and budget in compare.json):
 
 | method              | artifact                                               | trained for    |
 |---------------------|--------------------------------------------------------|----------------|
@@ -12,7 +12,7 @@ Methods (METHODS.md sections 1 and 4; one row per method and budget in compare.j
 | posthoc+recovery    | posthoc, one epoch of dense-teacher distillation at b  | one budget     |
 | static              | gates trained at one fixed b (stage 2, then stage 3)   | one budget     |
 
-With ``scope="model"`` (METHODS.md section 6, issue 16) the budget spans heads and feed-forward neuron groups,
+With ``scope="model"`` (docs/method.md §4) the budget spans heads and feed-forward neuron groups,
 and every method is placed by its measured latency:
 
 | method              | artifact                                               | trained for    |

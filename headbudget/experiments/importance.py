@@ -1,4 +1,4 @@
-"""Head importance (METHODS.md section 4, Michel et al. 2019) and the masking-ablation score.
+"""Head importance (docs/method.md §9, Michel et al. 2019) and the masking-ablation score.
 
 Gradient importance: attach a mask variable xi_h = 1 to every head (the classifier's ``head_gate``, which
 multiplies each head's output before W_O) and take I_h = E_x |dL(x)/d xi_h|. The definition has the
@@ -8,7 +8,7 @@ example's loss depends only on its own row. (Michel et al.'s code takes |.| of t
 which lets opposite-signed examples cancel; with batch size 1 the two agree.) Scores are normalised per
 layer by their l2 norm, so that layers with large gradients do not claim every top rank.
 
-Feed-forward units (METHODS.md section 6, issue 16): the same score for a mask variable xi_i on every
+Feed-forward units (docs/method.md §4): the same score for a mask variable xi_i on every
 feed-forward neuron, multiplying its GELU output before the second matrix (a pre-hook on ``ffn_out``, so any
 model, whatever its gate scope, can be scored). A group of G neurons under one mask variable xi_g has, per
 example, dL/dxi_g = sum over its neurons of dL/dxi_i (the group's variable multiplies each of their outputs),

@@ -1,4 +1,4 @@
-"""Complexity-scored reduced attention, AdaAttention (METHODS.md section 5).
+"""Complexity-scored reduced attention, AdaAttention (docs/method.md §7.3).
 
 A scorer MLP (D -> D/4 -> D/4 -> H, ReLU) gives each token a score per head; a head whose mean score over the
 input's real tokens is above the threshold runs at full head dimension, otherwise at d' = max(1, floor(d_h *

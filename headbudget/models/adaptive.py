@@ -51,7 +51,7 @@ class AdaptiveOutput:
 
 
 class AdaptiveAttention(GatedSelfAttention):
-    """Base of the adaptive heads: ``run`` is the forward pass of METHODS.md, under a cap and at a progress."""
+    """Base of the adaptive heads: ``run`` is the forward pass of docs/method.md §7, under a cap and at a progress."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
@@ -90,7 +90,7 @@ class AdaptiveClassifier(BudgetedClassifier):
                          progress: float = 1.0) -> AdaptiveOutput:
         """input_ids, attention_mask (B, N) -> logits, regulariser and usage; ``cap`` a budget that bounds each
         input's choice (BudgetFormer: round(cap * H) heads per layer; 1.0 = the model's own choice, ``auto``),
-        ``progress`` t / T in [0, 1] for the schedules of METHODS.md."""
+        ``progress`` t / T in [0, 1] for the schedules of docs/method.md §7."""
         x = self.encoder.embeddings(input_ids)  # (B, N, D)
         # The encoder's additive bias: 0 for real tokens, a large negative number for padding; (B, 1, 1, N).
         attn_bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min

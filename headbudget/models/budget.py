@@ -1,4 +1,4 @@
-"""Budget -> head mask policy (METHODS.md section 1), torch-free so that every layer can share it.
+"""Budget -> head mask policy (docs/method.md §3), torch-free so that every layer can share it.
 
 Gates: g_lh(b) = sigmoid((a_lh + beta_lh * logit(b)) / tau), with beta_lh = softplus(raw_lh) >= 0, so each
 gate is monotone non-decreasing in b. Hard execution keeps k = round(b * L * H) heads (at least 1).
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# The 19-point evaluation grid 0.10, 0.15, ..., 1.00 (METHODS.md evaluation protocol).
+# The 19-point evaluation grid 0.10, 0.15, ..., 1.00 (docs/method.md §10).
 BUDGET_GRID: tuple[float, ...] = tuple(round(0.10 + 0.05 * i, 2) for i in range(19))
 
 _BETA_FLOOR = 1e-12
@@ -116,7 +116,7 @@ def head_mask(
 def cost_prefix(order: np.ndarray, budget: float, costs: np.ndarray) -> int:
     """Length of the longest prefix of ``order`` whose cost is at most b * sum(costs), at least 1.
 
-    METHODS.md section 6: units of unequal cost (heads, feed-forward groups) are kept in ranking order until
+    docs/method.md §4.2: units of unequal cost (heads, feed-forward groups) are kept in ranking order until
     the budget's share of their multiply-adds is spent; the ranking is fixed, so kept sets are nested in b.
     """
     spent = np.cumsum(costs.reshape(-1)[order].astype(np.float64))  # (U_total,)

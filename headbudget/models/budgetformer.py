@@ -1,4 +1,4 @@
-"""BudgetFormer (METHODS.md section 2): each input picks how many heads, and which, per layer.
+"""BudgetFormer (docs/method.md §7.1): each input picks how many heads, and which, per layer.
 
 Training runs every head, weighted w_h = s * H * p_h; inference keeps the top k = max(1, floor(s * H)) heads
 of p (capped by a requested budget, k = min(k_pred, k_cap)) and the others are not computed by the engine.

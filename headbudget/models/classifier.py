@@ -14,7 +14,7 @@ from headbudget.models.plan import BudgetPolicy, soft_cost_weights
 
 
 class GateController(nn.Module):
-    """Per-unit logit a_lu and budget sensitivity beta_lu = softplus(raw_lu) (METHODS.md sections 1 and 6).
+    """Per-unit logit a_lu and budget sensitivity beta_lu = softplus(raw_lu) (docs/method.md §2 and §4).
 
     Units per layer: the H heads, then (whole-model scope) the feed-forward neuron groups.
     """

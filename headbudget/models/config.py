@@ -20,14 +20,14 @@ def parse_exits(text: str) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class GateConfig:
-    """How a budget b turns into per-head gates (METHODS.md section 1)."""
+    """How a budget b turns into per-head gates (docs/method.md §2)."""
 
     tau: float = 1.0  # temperature of g = sigmoid((a + beta * logit(b)) / tau)
     eps: float = 1e-3  # budgets are clipped to [eps, 1 - eps] before logit()
     structural: bool = False  # keep at least one head in every layer
     init_logit: float = 4.0  # a_lh at start: g ~ 1 at every budget, so training starts from the dense model
     init_raw_beta: float = -2.0  # softplus(-2) ~ 0.13: a small budget sensitivity to start from
-    # What a budget spans (METHODS.md section 6): "attention" gates the heads only (section 1, the published
+    # What a budget spans (docs/method.md §4): "attention" gates the heads only (§3, the published
     # method; b is the fraction of heads), "model" gates the heads and every group of ``ffn_group``
     # feed-forward neurons, and b is the fraction of their multiply-adds at ``ref_length`` tokens.
     scope: str = "attention"
@@ -61,7 +61,7 @@ POOLERS: tuple[str, ...] = ("none", "tanh", "relu")
 
 @dataclass(frozen=True)
 class BudgetFormerConfig:
-    """Per-input budget and head relevance (METHODS.md section 2); the published settings."""
+    """Per-input budget and head relevance (docs/method.md §7.1); the published settings."""
 
     s_min: float = 0.1  # s outside [s_min, s_max] is penalised by alpha(s) * v(s)^2
     s_max: float = 0.9
@@ -79,7 +79,7 @@ class BudgetFormerConfig:
 
 @dataclass(frozen=True)
 class SpanConfig:
-    """Adaptive attention span (METHODS.md section 3)."""
+    """Adaptive attention span (docs/method.md §7.2)."""
 
     ramp: int = 32  # R
     max_span: int | None = None  # S; None = max_position
@@ -89,7 +89,7 @@ class SpanConfig:
 
 @dataclass(frozen=True)
 class AdaConfig:
-    """Complexity-scored reduced attention (METHODS.md section 5)."""
+    """Complexity-scored reduced attention (docs/method.md §7.3)."""
 
     threshold: float = 0.5  # a head whose mean score is above this runs at full dimension
     lambda_mid: float = 0.01  # lambda after the first 10% of training

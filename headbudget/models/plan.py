@@ -1,9 +1,9 @@
 """The execution plan: what one forward pass runs, per layer, and what that costs (torch-free).
 
 A budget (or an input-adaptive model's cap) turns into a plan here, once: ``BudgetPolicy.plan`` for the budgeted
-checkpoint's nested head ranking (METHODS.md section 1). The engine executes plans, the service batches requests
+checkpoint's nested head ranking (docs/method.md §3). The engine executes plans, the service batches requests
 whose plans share a ``key`` and reports their ``cost``; nothing else needs to know what a budget buys. A plan
-keeps a prefix of each layer's head order and, when the budget spans the whole model (METHODS.md section 6), a
+keeps a prefix of each layer's head order and, when the budget spans the whole model (docs/method.md §4), a
 prefix of each layer's feed-forward neuron order; with exits (layer skipping) it may also stop after a layer
 (``depth``), which keeps no unit above it, so the cost terms below need nothing new for it.
 
@@ -155,7 +155,7 @@ def unit_costs(cfg: ModelConfig) -> np.ndarray:
 def soft_cost_weights(cfg: ModelConfig) -> np.ndarray | None:
     """Weights of C(b) = sum_u w_u g_u(b) over (L, U) units, summing to 1; None: the plain mean (attention).
 
-    Attention scope keeps METHODS.md section 1's mean over heads exactly (a weighted mean with equal weights
+    Attention scope keeps docs/method.md §2's mean over heads exactly (a weighted mean with equal weights
     rounds differently, and the sweep of an attention checkpoint must not change by a bit).
     """
     if cfg.gate.scope == "attention":

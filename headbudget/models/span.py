@@ -1,4 +1,4 @@
-"""Adaptive attention span (METHODS.md section 3), bidirectional: x = |t - r|.
+"""Adaptive attention span (docs/method.md §7.2), bidirectional: x = |t - r|.
 
 Each head h has a span z_h = ratio_h * S (ratio in [0, 1], as the reference implementation parameterises
 it, so one learning rate suits every S). Attention weights are m(x) exp(s) / sum m(x') exp(s') with the

@@ -1,4 +1,4 @@
-"""Training recipes: frozen presets for the three stages of METHODS.md section 1."""
+"""Training recipes: frozen presets for the three stages of docs/method.md §6."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class Recipe:
     lambda_violation: float = 10.0  # weight of max(0, C(b) - b)^2: keep the soft cost under the budget
     distill_alpha: float = 0.5  # stage 3: alpha * CE + (1 - alpha) * T^2 * KL
     distill_temperature: float = 2.0
-    # Stage 3's teacher: "soft" (METHODS.md section 1: the frozen stage-2 model at the same budget) or "dense"
+    # Stage 3's teacher: "soft" (docs/method.md §6.3: the frozen stage-2 model at the same budget) or "dense"
     # (the stage-1 model, every unit on, as DynaBERT distils every width from the full fine-tuned model).
     hard_teacher: str = "soft"
     # Weight of the mean-squared error between the student's and the teacher's hidden states after every

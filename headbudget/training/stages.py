@@ -1,4 +1,4 @@
-"""The three training stages of METHODS.md section 1: dense warm start, budgeted fine-tune, hard adaptation."""
+"""The three training stages of docs/method.md §6: dense warm start, budgeted fine-tune, hard adaptation."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ ADAPTIVE_LR = {"budgetformer": 1e-3, "span": 1e-2, "adaattention": 1e-2}
 # Adaptive types choose their weights among evaluations in the second half of the stage: earlier ones are
 # taken before the schedules (temperature, noise, lambda) have done their work and would win on accuracy alone.
 ADAPT_SELECT_FROM = 0.5
-# "recover" (baselines, METHODS.md section 4): fine-tune the encoder under the model's fixed hard mask at one
+# "recover" (baselines, docs/method.md §9): fine-tune the encoder under the model's fixed hard mask at one
 # budget, gates frozen, distilling from a dense teacher; run with ``fixed_budget``.
 
 

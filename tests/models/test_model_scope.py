@@ -1,4 +1,4 @@
-"""The whole-model budget (METHODS.md section 6): unit costs, the cost-prefix policy over heads and feed-forward
+"""The whole-model budget (docs/method.md §4): unit costs, the cost-prefix policy over heads and feed-forward
 groups, nestedness of both unit kinds at every budget, the gates the reference model takes, and C(b)."""
 
 from __future__ import annotations
