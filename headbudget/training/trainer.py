@@ -86,9 +86,10 @@ def _skip_dense(model: BudgetedClassifier, base: Base, val: TokenizedSplit) -> d
 
 
 def _as_run_gate(model: BudgetedClassifier, gate: GateConfig, stage: str, stage_dir: Path) -> BudgetedClassifier:
-    """A finished stage's model with this run's gate settings; a stage copied from another run (docs/gpu.md) may
-    carry other exits. Exits only act from stage 3 on, so an earlier stage takes the run's exits (fresh exit
-    heads: stage 3 starts them from the classifier); anything else that differs is refused, not trained on."""
+    """A finished stage's model with this run's gate settings; a stage copied from another run (variants that
+    share its dense and budget stages) may carry other exits. Exits only act from stage 3 on, so an earlier
+    stage takes the run's exits (fresh exit heads: stage 3 starts them from the classifier); anything else
+    that differs is refused, not trained on."""
     have = model.cfg.gate
     if have == gate or model.cfg.model_type != "budgeted":
         return model

@@ -155,8 +155,8 @@ def test_bad_exits_are_one_line_errors(tmp_path: Path, args: tuple[str, ...], me
 
 
 def test_stages_copied_from_a_run_with_other_exits_train_this_runs_exits(tmp_path: Path) -> None:
-    """docs/gpu.md shares stages 1-2 between runs; a run that resumes from another run's stage 2 must train its
-    own exits (session 20 lost three variants to the copied configuration), and a copied stage 3 is refused."""
+    """Variants may share stages 1-2 by copying them; a run that resumes from another run's stage 2 must train
+    its own exits, not the copied configuration's, and a copied stage 3 is refused."""
     src = tmp_path / "src"
     common = ("--base", "tiny", "--data", "synthetic", "--recipe", "smoke", "--scope", "model", "--device", "cpu",
               "--set", "hard_epochs=0.2", "--no-sweep")
