@@ -28,7 +28,7 @@ def _data(folder: Path) -> Path:
 
 
 def test_fit_head_folds_the_standardization_and_separates() -> None:
-    from headbudget.experiments.exits import fit_head
+    from lab.exits import fit_head
 
     rng = np.random.default_rng(1)
     y = np.arange(200) % 2
@@ -40,7 +40,7 @@ def test_fit_head_folds_the_standardization_and_separates() -> None:
 
 
 def test_cross_fitted_choice_respects_cost_and_scores_out_of_fold() -> None:
-    from headbudget.experiments.exits import cross_fitted
+    from lab.exits import cross_fitted
 
     rng = np.random.default_rng(2)
     own = rng.random(400) < 0.6
@@ -61,7 +61,7 @@ def test_cross_fitted_choice_respects_cost_and_scores_out_of_fold() -> None:
 
 def test_exits_are_measured_against_the_checkpoints_own_curve(tiny_model_scope_checkpoint: Path,
                                                               tmp_path: Path) -> None:
-    from headbudget.experiments.exits import exit_cost, exit_plan, measure
+    from lab.exits import exit_cost, exit_plan, measure
 
     data = _data(tmp_path / "data")
     doc = measure(tiny_model_scope_checkpoint, str(data), [0.5, 1.0], [0.5, 1.0], 4, 1)
@@ -87,10 +87,10 @@ def test_exits_are_measured_against_the_checkpoints_own_curve(tiny_model_scope_c
 def test_a_checkpoint_with_exits_is_probed_below_its_first_exit_and_answers_with_its_own(
         tmp_path: Path) -> None:
     """Above a trained exit the checkpoint's plans stop there already; its own accuracy is what it serves."""
-    from headbudget.experiments.exits import measure
     from headbudget.models.tokenizer import TextEncoder
     from headbudget.training.batches import batches, order_for_eval, tokenize
     from headbudget.training.data import load_data
+    from lab.exits import measure
     from tests.conftest import make_random_checkpoint
 
     ckpt = make_random_checkpoint(tmp_path / "exits", seed=11, scope="model", ffn_group=32, exits=(2,), n_layers=4)
@@ -117,7 +117,7 @@ def test_the_engine_runs_a_plan_cut_to_its_first_layers(tiny_model_scope_checkpo
     """What the exit timings run: the engine's graph for the first d layers equals the reference's layer d."""
     from headbudget.engine.factory import load_engine
     from headbudget.engine.types import EngineOptions
-    from headbudget.experiments.exits import exit_plan
+    from lab.exits import exit_plan
 
     model, _ = load_checkpoint(tiny_model_scope_checkpoint)
     engine = load_engine(tiny_model_scope_checkpoint, EngineOptions(prepacked_budgets=()))
@@ -135,7 +135,7 @@ def test_the_engine_runs_a_plan_cut_to_its_first_layers(tiny_model_scope_checkpo
 
 
 def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from headbudget.experiments.exits import main
+    from lab.exits import main
 
     assert main(["--model", str(tmp_path / "none"), "--data", str(tmp_path), "--out", str(tmp_path / "o.json")]) == 2
     err = capsys.readouterr().err.strip()
@@ -156,13 +156,13 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
 def test_the_script_writes_its_document_with_the_command(tiny_model_scope_checkpoint: Path, tmp_path: Path) -> None:
     import json
 
-    from headbudget.experiments.exits import main
+    from lab.exits import main
 
     data, out = _data(tmp_path / "data"), tmp_path / "exits.json"
     argv = ["--model", str(tiny_model_scope_checkpoint), "--data", str(data), "--out", str(out), "--widths", "1.0",
             "--budgets", "0.5,1.0", "--latency-texts", "3", "--latency-repeats", "1"]
     assert main(argv) == 0
     doc = json.loads(out.read_text())
-    assert doc["command"] == "python -m headbudget.experiments.exits " + " ".join(argv)
+    assert doc["command"] == "python -m lab.exits " + " ".join(argv)
     assert [(r["depth"], r["width_budget"]) for r in doc["exits"]] == [(1, 1.0)]  # the 2-layer model's one exit
     assert doc["latency"]["texts"] == 3

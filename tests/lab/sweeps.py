@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from headbudget.experiments import standin
 from headbudget.models.budget import BUDGET_GRID
 from headbudget.models.classifier import BudgetedClassifier
+from lab import standin
 
 
 def plan_sweep(model: BudgetedClassifier, record_exits: bool = True, n_examples: int = 400) -> dict[str, Any]:

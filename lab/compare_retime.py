@@ -10,9 +10,9 @@ and plans: ``layerdrop`` and ``ffn-half`` cut from the checkpoint as compare cut
 budget. Accuracies are not re-measured: the baselines' come from compare.json, the checkpoint's from its
 sweep.json (same test split, checked by the dense model's accuracy). Everything is timed round-robin in one
 process, each compared budget prepacked as a served operating point (commands/compare.py), and placed with
-compare's own rule (experiments/latency_placement.py).
+compare's own rule (headbudget/experiments/latency_placement.py).
 
-    python -m headbudget.experiments.compare_retime --model CKPT --compare compare.json --out retime.json
+    python -m lab.compare_retime --model CKPT --compare compare.json --out retime.json
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ from headbudget.experiments.compare_measure import (
     measure_latency,
 )
 from headbudget.experiments.latency_placement import placement
-from headbudget.experiments.script_output import check_out, write_doc
 from headbudget.models.checkpoint import load_checkpoint, save_checkpoint
 from headbudget.models.classifier import BudgetedClassifier
 from headbudget.models.tokenizer import TextEncoder, copy_tokenizer
 from headbudget.training.batches import tokenize
 from headbudget.training.data import load_data
+from lab.script_output import check_out, write_doc
 
 _META_SKIP = ("model", "format", "format_version", "package_version")
 
@@ -121,7 +121,7 @@ def retime(model_dir: Path, compare: dict[str, Any], work: Path, factory: Engine
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m headbudget.experiments.compare_retime", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m lab.compare_retime", description=__doc__.split("\n")[0])
     p.add_argument("--model", type=Path, required=True, help="budgeted checkpoint with a sweep.json")
     p.add_argument("--compare", type=Path, required=True, help="compare.json of a --scope model run")
     p.add_argument("--out", type=Path, required=True, help="JSON file to write")

@@ -1,4 +1,4 @@
-"""experiments/scope_retime.py: the attention-only budgets placed on the whole-model curve by measured latency."""
+"""lab/scope_retime.py: the attention-only budgets placed on the whole-model curve by measured latency."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from headbudget.experiments import scope_retime
 from headbudget.models.budget import BUDGET_GRID
 from headbudget.models.checkpoint import load_checkpoint
-from tests.experiments.sweeps import plan_sweep
+from lab import scope_retime
+from tests.lab.sweeps import plan_sweep
 
 
 @pytest.fixture()
@@ -47,7 +47,7 @@ def test_every_budget_of_both_is_timed_and_placed_by_compares_rule(sweeps: tuple
         assert lo <= seed["latency_ms"] <= hi
         assert seed["difference"] == pytest.approx(seed["budgeted_accuracy"] - seed["accuracy"])
     assert "attention-only b=" in capsys.readouterr().out
-    assert doc["command"].startswith("python -m headbudget.experiments.scope_retime --pair 7")
+    assert doc["command"].startswith("python -m lab.scope_retime --pair 7")
 
 
 def test_pairs_that_do_not_belong_together_are_one_line(sweeps: tuple[Path, Path], tmp_path: Path,

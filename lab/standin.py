@@ -1,21 +1,20 @@
 """A timing stand-in of a budgeted checkpoint, rebuilt from its sweep.json alone: the base model's weights with
 gates that reproduce the sweep's unit ranking, so that every budget runs the checkpoint's execution plan.
 
-Why: checkpoints are not in git (43 MB of weights without the frozen word embeddings), a new session's work
-tree is laid anew, and a lent GPU brings back at most 64 MiB per call. Latency depends on the plans (heads and
-neurons per layer, the depth a plan stops at), not on weight values, and a sweep records the whole ranking
-(``head_order``), so the committed sweep is enough to time a checkpoint again, or to time the runs of a GPU
-call whose weights stayed there. ``compare_retime`` already times its baselines this way. The stand-in's
+Why: checkpoints are not in git (43 MB of weights without the frozen word embeddings), and a run trained on
+another machine may come back as its sweep alone. Latency depends on the plans (heads and neurons per layer,
+the depth a plan stops at), not on weight values, and a sweep records the whole ranking (``head_order``), so
+the committed sweep is enough to time a checkpoint again, or a run whose weights stayed where it was trained.
+``compare_retime`` already times its baselines this way. The stand-in's
 answers are the base's, not the checkpoint's: its config says so (``standin``), ``headbudget serve`` refuses
 it, and accuracies come from the sweep. Every point of the sweep is checked: the stand-in's plan at each
 budget must equal the sweep's heads and neurons per layer and layers run, or nothing is written.
 
-    python -m headbudget.experiments.standin --sweep docs/results/ag_news/model/sweep.json --exits 3 \
+    python -m lab.standin --sweep docs/results/ag_news/model/sweep.json --exits 3 \
         --out checkpoints/ag_news-model-exits-standin
 
 Where the checkpoint is at hand, ``--time-against CKPT --report R.json`` times the two round-robin in one
-process, which is how docs/results.md section 9 (session 23) measured that a stand-in runs at its checkpoint's
-speed.
+process: the way to check that a stand-in runs at its checkpoint's speed.
 """
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ from headbudget.experiments.compare_measure import (
     engine_factory,
     measure_latency,
 )
-from headbudget.experiments.script_output import check_out, write_doc
 from headbudget.models.checkpoint import save_checkpoint
 from headbudget.models.checkpoint_meta import STANDIN, CheckpointError, read_config, standin_of
 from headbudget.models.classifier import BudgetedClassifier
@@ -46,6 +44,7 @@ from headbudget.models.tokenizer import TextEncoder, copy_tokenizer
 from headbudget.training.batches import tokenize
 from headbudget.training.data import load_data
 from headbudget.training.trainer import build_base, tokenizer_folder
+from lab.script_output import check_out, write_doc
 
 CHECK_BUDGETS = (1.0, 0.75, 0.5, 0.25, 0.1)
 STANDIN_NOTE = "timing stand-in: the base's weights with the sweep's unit ranking; its answers are not the checkpoint's"
@@ -165,7 +164,7 @@ def time_against(checkpoint: Path, folder: Path, dataset: str, texts: int, repea
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m headbudget.experiments.standin", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m lab.standin", description=__doc__.split("\n")[0])
     p.add_argument("--sweep", type=Path, required=True, help="the checkpoint's sweep.json")
     p.add_argument("--out", type=Path, required=True, help="checkpoint folder to write (replaced if present)")
     p.add_argument("--base", default="minilm", help="the base it was trained from: minilm, tiny or a folder")

@@ -8,12 +8,12 @@ layers of the checkpoint's own plan at width budget w: it stays nested (a larger
 smaller one keeps). Its cost is those layers' multiply-adds at the
 reference length over the dense model's; its latency is timed with the engine's own graph builder (the plan cut
 to d layers, prepacked, one thread), round-robin with the checkpoint's own budgets in one process, and placed on
-the checkpoint's curve at equal latency with compare's rule (experiments/latency_placement.py).
+the checkpoint's curve at equal latency with compare's rule (headbudget/experiments/latency_placement.py).
 
 Why linear heads on frozen layers: they need no backward pass through the encoder (minutes on a CPU), so the
 result says what an exit gets *without* retraining the shared weights; training with exits can only add to it.
 
-    python -m headbudget.experiments.exits --model CKPT --data ../shared/data/ag_news --out exits.json
+    python -m lab.exits --model CKPT --data ../shared/data/ag_news --out exits.json
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ from headbudget.engine.factory import load_engine
 from headbudget.engine.types import EngineOptions
 from headbudget.experiments.compare_measure import add_latency_options, check_latency_options
 from headbudget.experiments.latency_placement import at_latency
-from headbudget.experiments.script_output import check_out, write_doc
 from headbudget.models.checkpoint import load_checkpoint
 from headbudget.models.classifier import BudgetedClassifier
 from headbudget.models.plan import ExecutionPlan, Shape
 from headbudget.models.tokenizer import TextEncoder
 from headbudget.training.batches import TokenizedSplit, batches, order_for_eval, tokenize
 from headbudget.training.data import load_data
+from lab.script_output import check_out, write_doc
 
 WEIGHT_DECAYS = (1e-4, 1e-3, 1e-2)  # chosen per head on the validation split
 
@@ -205,7 +205,7 @@ def measure(model_dir: Path, data: str, widths: list[float], budgets: list[float
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m headbudget.experiments.exits", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m lab.exits", description=__doc__.split("\n")[0])
     p.add_argument("--model", type=Path, required=True, help="whole-model (--scope model) budgeted checkpoint")
     p.add_argument("--data", required=True, help="the dataset it was trained on (folder or name)")
     p.add_argument("--out", type=Path, required=True, help="JSON file to write")

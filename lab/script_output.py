@@ -1,4 +1,4 @@
-"""The JSON document a ``python -m headbudget.experiments.X`` script writes, with the command that made it."""
+"""The JSON document a ``python -m lab.X`` script writes, with the command that made it."""
 
 from __future__ import annotations
 
@@ -18,5 +18,5 @@ def check_out(out: Path) -> None:
 
 def write_doc(doc: dict[str, Any], out: Path, module: str, argv: list[str] | None) -> None:
     """Record the exact command in ``doc`` (so results.md can quote it) and write it to ``out``."""
-    doc["command"] = f"python -m headbudget.experiments.{module} " + " ".join(sys.argv[1:] if argv is None else argv)
+    doc["command"] = f"python -m lab.{module} " + " ".join(sys.argv[1:] if argv is None else argv)
     out.write_text(json.dumps(doc, indent=1) + "\n")

@@ -1,16 +1,17 @@
 """Place a whole-model checkpoint against an attention-only one by measured latency, from their sweeps alone.
 
 Issue 16 asks that the whole-model checkpoint be more accurate than the attention-only checkpoint wherever both
-reach the same latency. The sweeps are committed and the weights are not (a lent GPU brings back sweeps, not
-43 MB checkpoints), so each side is rebuilt as a timing stand-in from its sweep (experiments/standin.py: the
-sweep's own plans at every budget, checked). Every swept budget of both is timed round-robin in one process with
+reach the same latency. The sweeps are committed and the weights are not (checkpoints are 43 MB and stay where
+they were trained), so each side is rebuilt as a timing stand-in from its sweep (lab/standin.py: the sweep's own
+plans at every budget, checked). Every swept budget of both is timed round-robin in one process with
 compare's engine options (each budget prepacked, as a served operating point: compare_measure.engine_factory),
 and each attention-only budget is placed on the whole-model curve with compare's rule
-(experiments/latency_placement.py: linear in latency between the two bracketing budgets, no extrapolation).
+(headbudget/experiments/latency_placement.py: linear in latency between the two bracketing budgets, no
+extrapolation).
 Accuracies are the sweeps' hard accuracies on the same test split (checked). One ``--pair`` per seed; the
 placement aggregates over them.
 
-    python -m headbudget.experiments.scope_retime --exits 3 --out retime.json \\
+    python -m lab.scope_retime --exits 3 --out retime.json \\
         --pair 7 docs/results/ag_news/model/sweep.json docs/results/ag_news/model/kept-recipe-baselines/attention-only-sweep.json
 """
 
@@ -21,7 +22,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from headbudget.experiments import standin
 from headbudget.experiments.compare_measure import (
     add_latency_options,
     check_latency_options,
@@ -29,11 +29,12 @@ from headbudget.experiments.compare_measure import (
     measure_latency,
 )
 from headbudget.experiments.latency_placement import placement
-from headbudget.experiments.script_output import check_out, write_doc
 from headbudget.models.config import parse_exits
 from headbudget.models.tokenizer import TextEncoder
 from headbudget.training.batches import tokenize
 from headbudget.training.data import load_data
+from lab import standin
+from lab.script_output import check_out, write_doc
 
 METHODS = ("budgeted", "attention-only")  # latency_placement's names of the whole-model and attention-only sides
 
@@ -93,7 +94,7 @@ def retime(pairs: list[tuple[str, Path, Path]], exits: tuple[int, ...] | None, b
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m headbudget.experiments.scope_retime", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m lab.scope_retime", description=__doc__.split("\n")[0])
     p.add_argument("--pair", nargs=3, action="append", required=True, metavar=("SEED", "MODEL_SWEEP", "ATTENTION_SWEEP"),
                    help="one seed's whole-model sweep.json and attention-scope sweep.json (repeat per seed)")
     p.add_argument("--out", type=Path, required=True, help="JSON file to write")

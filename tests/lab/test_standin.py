@@ -1,4 +1,4 @@
-"""experiments/standin.py: a checkpoint's plans rebuilt from its sweep alone, checked at every swept budget."""
+"""lab/standin.py: a checkpoint's plans rebuilt from its sweep alone, checked at every swept budget."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import pytest
 
 from headbudget.engine.factory import load_engine
 from headbudget.engine.types import EngineOptions
-from headbudget.experiments import standin
 from headbudget.models.budget import BUDGET_GRID
 from headbudget.models.checkpoint import load_checkpoint
 from headbudget.models.classifier import BudgetedClassifier
 from headbudget.models.plan import Shape
+from lab import standin
 from tests.conftest import make_random_checkpoint, run_cli
-from tests.experiments.sweeps import plan_sweep
+from tests.lab.sweeps import plan_sweep
 
 
 @pytest.fixture(scope="module")
@@ -115,5 +115,5 @@ def test_the_standin_is_timed_against_its_checkpoint_in_one_process(with_exits: 
     assert [r["budget"] for r in doc["rows"]] == list(standin.CHECK_BUDGETS)
     for r in doc["rows"]:
         assert r["standin_over_checkpoint"] == pytest.approx(r["standin_ms"] / r["checkpoint_ms"])
-    assert doc["command"] == "python -m headbudget.experiments.standin " + " ".join(args)
+    assert doc["command"] == "python -m lab.standin " + " ".join(args)
     assert standin.main(args[:6] + ["--time-against", str(exits_folder)]) == 2  # no --report to write to
