@@ -28,20 +28,14 @@ import numpy as np
 import torch
 
 from headbudget.experiments import baselines
-from headbudget.experiments.compare_measure import (
-    EngineFactory,
-    add_latency_options,
-    check_latency_options,
-    engine_factory,
-    measure_latency,
-)
+from headbudget.experiments.compare_measure import EngineFactory, engine_factory, measure_latency
 from headbudget.experiments.latency_placement import placement
 from headbudget.models.checkpoint import load_checkpoint, save_checkpoint
 from headbudget.models.classifier import BudgetedClassifier
 from headbudget.models.tokenizer import TextEncoder, copy_tokenizer
 from headbudget.training.batches import tokenize
 from headbudget.training.data import load_data
-from lab.script_output import check_out, write_doc
+from lab.script_output import add_latency_options, check_latency_options, check_out, write_doc
 
 _META_SKIP = ("model", "format", "format_version", "package_version")
 

@@ -30,7 +30,6 @@ import torch
 
 from headbudget.engine.factory import load_engine
 from headbudget.engine.types import EngineOptions
-from headbudget.experiments.compare_measure import add_latency_options, check_latency_options
 from headbudget.experiments.latency_placement import at_latency
 from headbudget.models.checkpoint import load_checkpoint
 from headbudget.models.classifier import BudgetedClassifier
@@ -38,7 +37,7 @@ from headbudget.models.plan import ExecutionPlan, Shape
 from headbudget.models.tokenizer import TextEncoder
 from headbudget.training.batches import TokenizedSplit, batches, order_for_eval, tokenize
 from headbudget.training.data import load_data
-from lab.script_output import check_out, write_doc
+from lab.script_output import add_latency_options, check_latency_options, check_out, write_doc
 
 WEIGHT_DECAYS = (1e-4, 1e-3, 1e-2)  # chosen per head on the validation split
 

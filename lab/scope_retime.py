@@ -22,19 +22,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from headbudget.experiments.compare_measure import (
-    add_latency_options,
-    check_latency_options,
-    engine_factory,
-    measure_latency,
-)
+from headbudget.experiments.compare_measure import engine_factory, measure_latency
 from headbudget.experiments.latency_placement import placement
 from headbudget.models.config import parse_exits
 from headbudget.models.tokenizer import TextEncoder
 from headbudget.training.batches import tokenize
 from headbudget.training.data import load_data
 from lab import standin
-from lab.script_output import check_out, write_doc
+from lab.script_output import add_latency_options, check_latency_options, check_out, write_doc
 
 METHODS = ("budgeted", "attention-only")  # latency_placement's names of the whole-model and attention-only sides
 

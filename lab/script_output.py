@@ -1,7 +1,9 @@
-"""The JSON document a ``python -m lab.X`` script writes, with the command that made it."""
+"""What every ``python -m lab.X`` script shares: the latency options (measure_latency's protocol) and the JSON
+document it writes, with the command that made it."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -20,3 +22,15 @@ def write_doc(doc: dict[str, Any], out: Path, module: str, argv: list[str] | Non
     """Record the exact command in ``doc`` (so results.md can quote it) and write it to ``out``."""
     doc["command"] = f"python -m lab.{module} " + " ".join(sys.argv[1:] if argv is None else argv)
     out.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def add_latency_options(p: argparse.ArgumentParser, repeats: int = 5) -> None:
+    """measure_latency's protocol (headbudget/experiments/compare_measure.py) as a script's options."""
+    p.add_argument("--latency-texts", type=int, default=150, help="test texts timed per entry, batch 1")
+    p.add_argument("--latency-repeats", type=int, default=repeats, help="passes over them; the median counts")
+
+
+def check_latency_options(args: argparse.Namespace) -> None:
+    """Raise ValueError unless both latency options are positive."""
+    if args.latency_texts < 1 or args.latency_repeats < 1:
+        raise ValueError("--latency-texts and --latency-repeats must be at least 1")

@@ -29,12 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from headbudget.experiments.compare_measure import (
-    add_latency_options,
-    check_latency_options,
-    engine_factory,
-    measure_latency,
-)
+from headbudget.experiments.compare_measure import engine_factory, measure_latency
 from headbudget.models.checkpoint import save_checkpoint
 from headbudget.models.checkpoint_meta import STANDIN, CheckpointError, read_config, standin_of
 from headbudget.models.classifier import BudgetedClassifier
@@ -44,7 +39,7 @@ from headbudget.models.tokenizer import TextEncoder, copy_tokenizer
 from headbudget.training.batches import tokenize
 from headbudget.training.data import load_data
 from headbudget.training.trainer import build_base, tokenizer_folder
-from lab.script_output import check_out, write_doc
+from lab.script_output import add_latency_options, check_latency_options, check_out, write_doc
 
 CHECK_BUDGETS = (1.0, 0.75, 0.5, 0.25, 0.1)
 STANDIN_NOTE = "timing stand-in: the base's weights with the sweep's unit ranking; its answers are not the checkpoint's"

@@ -3,7 +3,6 @@ the rank agreement of head (or unit) rankings."""
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -53,18 +52,6 @@ def macs_ratio(model: BudgetedClassifier, budget: float | None, dense: ModelConf
     own = uniform_plan(model.cfg, model.cfg.n_heads) if budget is None else model.gates.policy().plan(budget)
     full = uniform_plan(dense, dense.n_heads).cost(Shape.of(dense), n).total_macs
     return own.cost(Shape.of(model.cfg), n).total_macs / full
-
-
-def add_latency_options(p: argparse.ArgumentParser, repeats: int = 5) -> None:
-    """measure_latency's protocol as a script's options (checked by ``check_latency_options``)."""
-    p.add_argument("--latency-texts", type=int, default=150, help="test texts timed per entry, batch 1")
-    p.add_argument("--latency-repeats", type=int, default=repeats, help="passes over them; the median counts")
-
-
-def check_latency_options(args: argparse.Namespace) -> None:
-    """Raise ValueError unless both latency options are positive."""
-    if args.latency_texts < 1 or args.latency_repeats < 1:
-        raise ValueError("--latency-texts and --latency-repeats must be at least 1")
 
 
 def measure_latency(entries: list[tuple[str, float, Path]], test: TokenizedSplit, factory: EngineFactory,
