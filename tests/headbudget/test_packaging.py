@@ -19,7 +19,10 @@ import pytest
 from headbudget.extras import MODULE_EXTRA
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ("pyproject.toml", "README.md", "LICENSE", "headbudget")
+# lab/ is copied too, as a clone has it, so that the wheel is seen to leave it out.
+SOURCES = ("pyproject.toml", "README.md", "LICENSE", "headbudget", "lab")
+# One-off investigation scripts (lab/README.md) and the remote-GPU transfer tooling: never in the package.
+INVESTIGATIONS = {"standin", "scope_retime", "compare_retime", "exits", "script_output", "gpu_transfer", "gpu_seeds"}
 HEAVY = ("torch", "onnxruntime", "transformers", "onnx", "numpy", "fastapi", "uvicorn", "tokenizers", "scipy")
 
 pytestmark = pytest.mark.slow
@@ -81,6 +84,17 @@ def test_wheel_holds_every_package_of_the_tree(wheel: Path) -> None:
         rel = init.relative_to(ROOT).as_posix()
         if "__pycache__" not in rel:
             assert rel in names, f"{rel}: not in the wheel"
+
+
+def test_wheel_holds_no_investigation_script(wheel: Path) -> None:
+    """What ships is what the product runs: lab/ stays in the repository, and none of its scripts (nor the
+    remote-GPU tooling) comes back into the package under its old name."""
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"headbudget"}
+    scripts = INVESTIGATIONS | {p.stem for p in (ROOT / "lab").glob("*.py") if p.stem != "__init__"}
+    shipped = [n for n in names if Path(n).name.startswith("gpu_")
+               or (n.startswith("headbudget/experiments/") and Path(n).stem in scripts)]
+    assert not shipped, f"investigation scripts in the wheel: {shipped}"
 
 
 def test_every_mapped_module_is_in_its_extra() -> None:
