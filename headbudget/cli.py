@@ -1,4 +1,4 @@
-"""The ``headbudget`` command line: subcommands live in headbudget/commands/, one module each."""
+"""The ``headbudget`` command line. Each subcommand is a module of headbudget/commands/ with ``register``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import importlib
 import logging
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
 
 from headbudget.commands.common import USER_ERRORS, CliError
@@ -15,6 +16,15 @@ from headbudget.extras import missing_extra
 # Each module exposes ``register(subparsers)``; handlers import heavy libraries lazily so --help is fast.
 COMMANDS = ("train", "evaluate", "decider", "predict", "bench", "export", "serve", "keys", "importance", "compare",
             "compare_adaptive")
+ABOUT = ("headbudget: text classification where each request picks its compute budget (a share of the model\n"
+         "from 0.1 to 1, `auto`, or a latency limit), and one checkpoint serves every budget.")
+HELP_WIDTH = 100
+# How --help lists the commands (their names on the command line); a command in no group is listed last.
+GROUPS = (
+    ("train and measure a checkpoint", ("train", "eval", "bench", "compare", "decider", "importance", "compare-adaptive")),
+    ("serve it over HTTP", ("serve", "keys")),
+    ("use it directly", ("predict", "export")),
+)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -24,10 +34,27 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def _command_list(helps: dict[str, str]) -> str:
+    """The registered commands with their one-line help, under GROUPS' headings."""
+    rest = tuple(name for name in helps if not any(name in names for _, names in GROUPS))
+    width = max(map(len, helps), default=0) + 2
+    blocks = []
+    for title, names in (*GROUPS, ("other", rest)):
+        lines = [textwrap.fill(helps[name], HELP_WIDTH, initial_indent=f"  {name:<{width}}",
+                               subsequent_indent=" " * (width + 2)) for name in names if name in helps]
+        if lines:
+            blocks.append(f"{title}:\n" + "\n".join(lines))
+    return "\n\n".join(blocks)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every available subcommand registered."""
-    parser = OneLineParser(prog="headbudget", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    parser = OneLineParser(prog="headbudget", usage="headbudget [-h] COMMAND ...",
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           epilog="Run `headbudget COMMAND --help` for a command's options.")
+    # The commands are listed by group in the description, so argparse's flat list is suppressed.
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser, metavar="COMMAND",
+                                help=argparse.SUPPRESS)
     for name in COMMANDS:
         try:
             module = importlib.import_module(f"headbudget.commands.{name}")
@@ -36,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # a subcommand not built yet
             raise
         module.register(sub)
+    helps = {a.dest: a.help or "" for a in sub._choices_actions}  # noqa: SLF001 - argparse keeps each help only here
+    parser.description = f"{ABOUT}\n\n{_command_list(helps)}"
     return parser
 
 
