@@ -68,7 +68,7 @@ def positive_int(text: str) -> int:
 
 
 def refuse_standin(config: dict[str, Any], model_dir: Path, override: str = "") -> None:
-    """A timing stand-in (experiments/standin.py) answers with its base's weights: never as the checkpoint."""
+    """A timing stand-in (lab/standin.py) answers with its base's weights: never as the checkpoint."""
     standin = standin_of(config)
     if standin is not None:
         raise CliError(f"{model_dir} is a timing stand-in of {standin.get('sweep')}, not a trained checkpoint: "

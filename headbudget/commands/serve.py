@@ -36,7 +36,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--threads", type=positive_int, help="intra-op threads per worker's engine (default 1)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
     p.add_argument("--allow-standin", action="store_true",
-                   help="serve a timing stand-in (experiments/standin.py) for load tests: its answers are its base's")
+                   help="serve a timing stand-in (a checkpoint's plans rebuilt from its sweep) for load tests: "
+                        "its answers are its base's")
     p.add_argument("--print-curl", action="store_true",
                    help="once ready, print a curl command with a development key valid while the server runs")
     p.set_defaults(func=run)

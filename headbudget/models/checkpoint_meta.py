@@ -13,8 +13,8 @@ FORMAT = "headbudget-checkpoint"
 FORMAT_VERSION = 1
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
-# config.json key of a timing stand-in (experiments/standin.py): the sweep it was rebuilt from. Its weights are
-# the base's, so nothing may answer with it as if it were the checkpoint.
+# config.json key of a timing stand-in (lab/standin.py in the repository): the sweep it was rebuilt from. Its
+# weights are the base's, so nothing may answer with it as if it were the checkpoint.
 STANDIN = "standin"
 
 
