@@ -12,11 +12,13 @@ DATA ?= ag_news
 DATA_DIR := $(firstword $(wildcard $(HEADBUDGET_DATA)/$(DATA) ../shared/data/$(DATA)))
 HOST ?= 127.0.0.1
 PORT ?= 8000
-# int8 is the default engine (docs/results.md, section 2: faster than ORT's int8 dense export, within 0.16
-# points of fp32 on AG News); `make run PRECISION=fp32` serves and benchmarks fp32 instead.
+# int8 is the default engine (docs/results.md, 'Findings and decisions': faster than ORT's int8 dense
+# export, within 0.16 points of fp32 on AG News); `make run PRECISION=fp32` serves and benchmarks fp32
+# instead.
 PRECISION ?= int8
 # What a budget spans: "model" (attention heads and feed-forward neurons: b = 0.5 runs about half the
-# multiply-adds, 1.9x faster than b = 1; docs/results.md section 9) or "attention" (heads only, the published method).
+# multiply-adds, 1.9x faster than b = 1; docs/results.md, 'Latency per budget') or "attention" (heads only,
+# the published method).
 SCOPE ?= model
 
 .PHONY: install system-deps test lint run train bench serve clean

@@ -12,7 +12,7 @@ Accuracies are the sweeps' hard accuracies on the same test split (checked). One
 placement aggregates over them.
 
     python -m lab.scope_retime --exits 3 --out retime.json \\
-        --pair 7 docs/results/ag_news/model/sweep.json docs/results/ag_news/model/kept-recipe-baselines/attention-only-sweep.json
+        --pair 7 docs/results/ag_news/model/sweep.json docs/results/ag_news/attention-kept-recipe/sweep.json
 """
 
 from __future__ import annotations

@@ -44,8 +44,9 @@ def register(subparsers: Any) -> None:
 
 
 def default_precision(model_dir: Path, backend: str) -> str:
-    """int8 where there is an int8 engine (a budgeted checkpoint on onnxruntime; docs/results.md section 2: as
-    accurate as fp32 within 0.16 points and 2.5x faster), else fp32 (the torch backend, the adaptive types)."""
+    """int8 where there is an int8 engine (a budgeted checkpoint on onnxruntime; docs/results.md, 'Latency per
+    budget': as accurate as fp32 within 0.16 points and 2.5x faster), else fp32 (the torch backend, the
+    adaptive types)."""
     from headbudget.engine.weights import checkpoint_config
     from headbudget.models.model_types import model_type
 

@@ -167,7 +167,7 @@ class _Graph:
         """x + h @ W (+ bias): fp32 as one Gemm whose C is the residual x (its bias folded into x), int8 an Add.
 
         The norm after it stays a plain LayerNormalization: Add + LayerNormalization measured faster on this CPU
-        than the contrib SkipLayerNormalization kernel (docs/results.md section 9)."""
+        than the contrib SkipLayerNormalization kernel (docs/results.md, 'Findings and decisions')."""
         if self.fold:
             return self.op("Gemm", [h, w, x])
         return self.op("Add", [self.linear(h, w, bias, scale), x])

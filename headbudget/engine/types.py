@@ -30,8 +30,9 @@ class EngineOptions:
     prepack: bool = True
     # Budgets that get a session of their own with every weight prepacked (ONNX Runtime, prepack on). The
     # one all-budget session packs a partial layer's weight slices on every call, which measured 0.7-1.1 ms a
-    # forward pass on MiniLM (docs/results.md section 9); a budget served often (a tier's default) earns its
-    # own packed copy: about its share of the layer weights in memory. The service passes its tiers' defaults.
+    # forward pass on MiniLM (docs/results.md, 'Findings and decisions'); a budget served often (a tier's
+    # default) earns its own packed copy: about its share of the layer weights in memory. The service passes
+    # its tiers' defaults.
     prepacked_budgets: tuple[float, ...] = (0.25, 0.5)
     cache_dir: Path | None = None  # where built ONNX graphs go; None = <checkpoint>/onnx
 

@@ -147,7 +147,7 @@ def w1_by_rows(cfg: ModelConfig) -> bool:
     unpacked B on every call. In the engine (A/B, three alternating processes per tree, 40 AG News texts,
     int8) that was within noise at the prepacked budgets and +5% at b = 0.75, which runs on the all-budget
     session; bought back in memory: the per-(layer, width) int8 copies of W1 were 21 MB over the 19 budgets of
-    the AG News checkpoint, 45% of one dense int8 session (docs/results.md section 9).
+    the AG News checkpoint, 45% of one dense int8 session (docs/results.md, 'Findings and decisions').
     """
     return cfg.gate.scope == "model"  # both precisions: one layout, one rule
 

@@ -1,7 +1,8 @@
 """The issue-8 comparison in one file: each adaptive checkpoint against the dense model and the budgeted one.
 
     python -m headbudget.experiments.adaptive_summary --data ../shared/data/ag_news \\
-        --budgetformer DIR --span DIR --adaattention DIR --budgeted DIR --out docs/results/ag_news/adaptive.json
+        --budgetformer DIR --span DIR --adaattention DIR --budgeted DIR \\
+        --out docs/results/ag_news/compare-adaptive/adaptive.json
 
 Reads each adaptive checkpoint's ``adaptive_sweep.json`` (written by train/eval), evaluates the budgeted
 checkpoint at the budget whose k heads match BudgetFormer's mean cost (same test split, reference model),

@@ -38,7 +38,7 @@ Cache = Literal["cold", "warm", "steady"]
 #   CPU one call does not refill the caches; b = 0.25 at AG News lengths took 2.87 ms after b = 1, 2.71 after
 #   one untimed call, 2.49 after eight and 2.40 in a long run of its own. Its 10 MB of weights fit the 32 MB
 #   L3, b = 1's 42 MB do not. The served path is the cold case even at one budget: the server's own work
-#   between two passes stirs the caches (docs/results.md section 9, session 22).
+#   between two passes stirs the caches (docs/results.md, 'Cache state and the small budgets').
 CACHES: tuple[Cache, ...] = ("cold", "warm", "steady")
 STEADY_BLOCK = 10
 

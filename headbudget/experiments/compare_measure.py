@@ -31,7 +31,7 @@ def engine_factory(backend: str, budgets: tuple[float, ...]) -> EngineFactory:
     Every compared budget gets a prepacked session (``EngineOptions.prepacked_budgets``), as a budget that is
     an operating point is served (a tier's default): timed on the all-budget session instead, where ORT packs
     a partial layer's slices on every call, the kept AG News checkpoint's b = 0.75 measured 6.19 ms against
-    5.19 ms prepacked (150 texts, one process; docs/results.md section 9), which would place every method
+    5.19 ms prepacked (150 texts, one process), which would place every method
     against a curve slower than what a user running that budget gets. Every artifact gets the same options.
     """
     from headbudget.engine.factory import load_engine

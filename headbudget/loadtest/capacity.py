@@ -88,7 +88,8 @@ def mixed_traffic(model: Path, texts: list[str], workers: int, budgets: list[flo
     budgets did not disturb each other, the single-budget figures of the same round weighted by how many
     answers each budget got in the mix.
     Why: a budget's weights stay in the CPU's caches only while its own calls follow each other
-    (docs/results.md section 9, session 22); this is what that costs a server whose tiers share workers.
+    (docs/results.md, 'Cache state and the small budgets'); this is what that costs a server whose tiers share
+    workers.
     """
     out = []
     with Server(model, workers, config_text=mixed_config(budgets), precision=precision) as srv:

@@ -6,7 +6,8 @@ unrepeated query parameters; anything else is handed on to FastAPI with its body
 exactly the status, code and message FastAPI's validation gives it. A request it takes runs the same code as the
 route (``authenticate``, ``answer``) and maps errors with the same function (``known_error_response``); only
 the layers between are skipped. Why: py-spy on a batch-1 server put FastAPI's routing, dependency solving and
-response re-validation at about half of the event loop's time per request (docs/results.md, section 3).
+response re-validation at about half of the event loop's time per request (docs/results.md, 'Findings and
+decisions').
 """
 
 from __future__ import annotations
