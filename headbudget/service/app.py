@@ -19,6 +19,8 @@ from headbudget.service.fastpath import ClassifyFastPath
 from headbudget.service.metrics import mark_worker_dead
 from headbudget.service.middleware import RequestContextMiddleware
 from headbudget.service.routes import classify, feedback, health, models, tei
+from headbudget.service.routes.docs import install_docs
+from headbudget.service.routes.playground import install_playground
 from headbudget.service.runtime import Runtime
 from headbudget.service.settings import ServeSettings, ServiceConfig, load_config
 from headbudget.service.state import StateStore
@@ -53,7 +55,7 @@ def create_app(config: ServiceConfig, engine_factory: Callable[[], Engine], *, c
             await runtime.stop()
             mark_worker_dead(os.getpid())
 
-    app = FastAPI(title="headbudget", version=headbudget.__version__, lifespan=lifespan,
+    app = FastAPI(title="headbudget", version=headbudget.__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Text classification where each request chooses how much attention compute its "
                               "answer gets (a budget in [0.1, 1]).")
     app.state.runtime = runtime
@@ -61,6 +63,8 @@ def create_app(config: ServiceConfig, engine_factory: Callable[[], Engine], *, c
 
     for router in (classify.router, feedback.router, models.router, health.router, tei.router):
         app.include_router(router)
+    install_docs(app)  # /docs and /redoc from the installed package's assets, not a CDN
+    install_playground(app)
     app.add_middleware(ClassifyFastPath, runtime=runtime)  # inside the request context: ids, 413, logs, metrics
     app.add_middleware(RequestContextMiddleware, metrics=runtime.metrics,
                        max_body_bytes=config.server.max_body_bytes)

@@ -16,7 +16,8 @@ from headbudget.service.logs import log_access
 from headbudget.service.metrics import Metrics
 
 _QUIET = frozenset({"/healthz", "/readyz", "/health", "/metrics"})  # probes and scrapes (/health: TEI's)
-_UNCOUNTED = _QUIET | {"/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"}
+_UNCOUNTED = _QUIET | {"/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect", "/playground"}
+_UNCOUNTED_PREFIXES = ("/docs/static/", "/playground/assets/")  # the pages' scripts and styles
 _ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
@@ -93,7 +94,7 @@ class RequestContextMiddleware:
     def _record(self, scope: Scope, state: dict[str, Any], status: int, seconds: float) -> None:
         path = scope.get("path", "")
         tier = str(state.get("tier", "none"))
-        if path not in _UNCOUNTED:
+        if path not in _UNCOUNTED and not path.startswith(_UNCOUNTED_PREFIXES):
             self.metrics.observe_request(tier, status, seconds)
         client = scope.get("client")
         fields: dict[str, Any] = {
