@@ -36,12 +36,14 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
-# Debian packages the end-to-end tests use: a real Prometheus (and promtool), Redis, kubectl.
+# Debian packages the end-to-end tests use: a real Prometheus (and promtool), Redis, kubectl, headless Chromium.
 system-deps:
 	@missing=""; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v kubectl >/dev/null || missing="$$missing kubernetes-client"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v chromedriver >/dev/null || missing="$$missing chromium-driver"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	  else echo "note: missing Debian packages:$$missing (tests that need them are skipped)"; fi; \
