@@ -11,6 +11,7 @@ import numpy as np
 
 from headbudget.engine.decider import DECIDER_FILE, passes_cost, pooled_features, run_auto
 from headbudget.engine.errors import BudgetError, InputError, ModelLoadError
+from headbudget.engine.store import Embeddings
 from headbudget.engine.types import BatchResult, Cost, EngineOptions, ExecutionPlan, ModelInfo, Prediction
 from headbudget.models.config import ModelConfig
 from headbudget.models.plan import Shape
@@ -87,10 +88,9 @@ class EngineBase:
         """Logits (B, C) float32 for padded int64 ids and int32 mask (B, N), running ``plan``."""
         raise NotImplementedError
 
-    def embedding_tables(self) -> dict[str, np.ndarray]:
-        """The embedding layer as the weight store lays it out (engine/weights.py ``pack``): ``word`` (int8 rows
-        with ``word_s`` scales, or fp32), ``pos_tt``, ``emb_g``, ``emb_b``. Backends whose type has static plans
-        (the ones a decider serves) implement it."""
+    def embedding_tables(self) -> Embeddings:
+        """The embedding layer as the weight store lays it out (engine/store.py ``Embeddings``). Backends whose
+        type has static plans (the ones a decider serves) implement it."""
         raise NotImplementedError
 
     def embed(self, ids: Sequence[int]) -> np.ndarray:
@@ -98,13 +98,13 @@ class EngineBase:
         (a predictor decider's cheap features: no encoder layer runs)."""
         t = self.embedding_tables()
         idx = np.asarray(ids, dtype=np.int64)
-        x = t["word"][idx].astype(np.float32)
-        if "word_s" in t:
-            x *= t["word_s"][idx]
-        x += t["pos_tt"][: len(idx)]
+        x = t.word[idx].astype(np.float32)
+        if t.word_s is not None:
+            x *= t.word_s[idx]
+        x += t.pos_tt[: len(idx)]
         mu = x.mean(axis=-1, keepdims=True)
         var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
-        return (x - mu) / np.sqrt(var + self.cfg.layer_norm_eps) * t["emb_g"] + t["emb_b"]  # type: ignore[no-any-return]
+        return (x - mu) / np.sqrt(var + self.cfg.layer_norm_eps) * t.emb_g + t.emb_b  # type: ignore[no-any-return]
 
     # -- the Engine interface ---------------------------------------------------------------------------
     def plan(self, budget: float) -> ExecutionPlan:

@@ -34,6 +34,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from headbudget.engine import onnx_bind as B
 from headbudget.engine import onnx_graph as G
 from headbudget.engine.errors import EngineError
 from headbudget.engine.types import Precision
@@ -106,7 +107,7 @@ def export_onnx(model_dir: Path, budget: float, out: Path, precision: Precision 
     policy = BudgetPolicy(cfg, head_order(gate_params(state)))
     plan = policy.plan(budget)
     counts, widths = plan.heads, plan.ffn_widths(cfg.intermediate_size)
-    arrays = G.bind(pack(state, cfg, policy, precision), cfg, plan, precision, {})
+    arrays = B.bind(pack(state, cfg, policy, precision), cfg, plan, B.SliceCache())
     model = standalone(G.build_graph(cfg, plan, precision, arrays), arrays)
     model.producer_name = "headbudget-export"
     # The engine's graphs leave the output's shape open; a standalone file states it (the checker wants one).

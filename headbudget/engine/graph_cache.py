@@ -25,11 +25,14 @@ import numpy as np
 import onnx
 
 from headbudget.engine.onnx_graph import BUILDER_VERSION, PLACEHOLDER_FILE
-from headbudget.engine.weights import Arrays
+from headbudget.engine.store import WeightStore
+from headbudget.engine.types import Precision
+from headbudget.models.config import ModelConfig
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 STORE = "store.safetensors"
+ORDER = "order"  # the store file's entry for the unit ranking the store was laid out by
 
 
 def cache_key(digest: str, precision: str, layout: str) -> str:
@@ -62,8 +65,8 @@ class GraphCache:
         self.dir = self.root / f"hb-{flavour}-{key}"
         self.built: list[str] = []  # what this process had to (re)build, for logs and tests
 
-    def load_store(self) -> Arrays | None:
-        """The cached weight store, or None when absent, stale or damaged."""
+    def load_store(self, cfg: ModelConfig, precision: Precision) -> tuple[WeightStore, np.ndarray] | None:
+        """The cached weight store and its unit ranking, or None when absent, stale or damaged."""
         try:
             manifest = json.loads((self.dir / MANIFEST).read_text())
             if manifest.get("key") != self.key:
@@ -72,18 +75,20 @@ class GraphCache:
             from safetensors.numpy import load_file
 
             try:
-                return dict(load_file(str(self.dir / STORE)))
+                arrays = load_file(str(self.dir / STORE))
             except SafetensorError:  # damaged: rebuild
                 return None
+            order = arrays.pop(ORDER)
+            return WeightStore.from_arrays(arrays, cfg, precision), order
         except (OSError, ValueError):  # missing, half-written or not JSON: rebuild
             return None
 
-    def save_store(self, store: Arrays, meta: dict[str, Any]) -> None:
+    def save_store(self, store: WeightStore, order: np.ndarray, meta: dict[str, Any]) -> None:
         from safetensors.numpy import save_file
 
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / MANIFEST).unlink(missing_ok=True)  # invalid until the new store is complete
-        self._atomic(STORE, lambda p: save_file({k: np.ascontiguousarray(v) for k, v in store.items()}, str(p)))
+        self._atomic(STORE, lambda p: save_file({**store.arrays(), ORDER: np.ascontiguousarray(order)}, str(p)))
         (self.dir / PLACEHOLDER_FILE).touch()
         self._atomic(MANIFEST, lambda p: p.write_text(json.dumps({"key": self.key, **meta}, indent=2)))
         self.built.append(STORE)

@@ -40,13 +40,15 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from headbudget.engine import onnx_bind as B
 from headbudget.engine import onnx_graph as G
 from headbudget.engine.base import EngineBase
 from headbudget.engine.errors import ModelLoadError
 from headbudget.engine.graph_cache import GraphCache, cache_key
 from headbudget.engine.ort_fast import Runner
+from headbudget.engine.store import Arrays, Embeddings
 from headbudget.engine.types import EngineOptions, ExecutionPlan, ModelInfo
-from headbudget.engine.weights import Arrays, checkpoint_config, gate_params, load_state, pack
+from headbudget.engine.weights import checkpoint_config, gate_params, load_state, pack
 from headbudget.models.budget import BUDGET_GRID, head_order
 from headbudget.models.plan import BudgetPolicy
 
@@ -74,17 +76,18 @@ class OnnxEngine(EngineBase):
         self.layout = "dynamic" if options.prepack else "whole"
         self.cache = GraphCache(options.cache_dir or Path(model_dir) / "onnx",
                                 cache_key(info.checksum, self.precision, self.layout), f"{self.precision}-{self.layout}")
-        store = self.cache.load_store()
-        if store is None:
+        cached = self.cache.load_store(cfg, self.precision)
+        if cached is None:
             state = load_state(Path(model_dir), cfg)
             order = head_order(gate_params(state))  # flat unit ranking: heads (and feed-forward groups)
             store = pack(state, cfg, BudgetPolicy(cfg, order), self.precision)
-            store["order"] = order
-            self.cache.save_store(store, {"checksum": info.checksum, "precision": self.precision,
-                                          "layout": self.layout, "builder": G.BUILDER_VERSION})
-        self.policy = BudgetPolicy(cfg, store.pop("order").astype(np.int64))
+            self.cache.save_store(store, order, {"checksum": info.checksum, "precision": self.precision,
+                                                 "layout": self.layout, "builder": G.BUILDER_VERSION})
+        else:
+            store, order = cached
+        self.policy = BudgetPolicy(cfg, order.astype(np.int64))
         self.store = store
-        self._slices: dict[str, np.ndarray] = {}  # int8 Q/K/V and W1 column slices shared by sessions
+        self._slices = B.SliceCache()  # int8 Q/K/V column prefixes and dummy feeds, shared by sessions
         self._values: dict[str, ort.OrtValue] = {}  # one OrtValue per initializer name; must outlive sessions
         self._sessions: dict[Any, Runner] = {}
         self._run_options = ort.RunOptions()
@@ -135,7 +138,7 @@ class OnnxEngine(EngineBase):
     def _whole(self, plan: ExecutionPlan, prepack: bool = False) -> Runner:
         """The plan's own graph: unpacked ("whole" layout), or prepacked for a budget in ``prepacked_budgets``."""
         c, p = self.cfg, self.precision
-        arrays = G.bind(self.store, c, plan, p, self._slices)
+        arrays = B.bind(self.store, c, plan, self._slices)
         name = "whole-" + "-".join(map(str, plan.heads))
         if plan.ffn is not None:
             name += "-n-" + "-".join(map(str, plan.ffn))
@@ -161,11 +164,11 @@ class OnnxEngine(EngineBase):
         """The one all-budget session and the per-call attention (and feed-forward) inputs for ``plan`` (cached)."""
         c, p = self.cfg, self.precision
         if self._dyn is None:
-            init = G.dynamic_arrays(self.store, c, p, self._slices)
+            init = B.dynamic_arrays(self.store, c, self._slices)
             self._dyn = self._session("dynamic", "dynamic", init, lambda: G.build_dynamic(c, p, init), prepack=True)
         feeds = self._feeds.get(plan.key)
         if feeds is None:
-            arrays = G.dynamic_feeds(self.store, c, plan, p, self._slices)
+            arrays = B.dynamic_feeds(self.store, c, plan, self._slices)
             self._keep.extend(arrays.values())
             feeds = self._feeds[plan.key] = {n: self._dyn.value(a) for n, a in arrays.items()}
         return self._dyn, feeds
@@ -180,8 +183,8 @@ class OnnxEngine(EngineBase):
         feeds["input_ids"], feeds["attention_mask"] = sess.value(input_ids), sess.value(attention_mask)
         return sess.run(feeds, self._run_options)
 
-    def embedding_tables(self) -> dict[str, np.ndarray]:
-        return self.store
+    def embedding_tables(self) -> Embeddings:
+        return self.store.embeddings
 
     def bare_run(self, input_ids: np.ndarray, attention_mask: np.ndarray, budget: float) -> object:
         """The session run alone, feeds prepared outside the timing path (the benchmark's overhead split)."""

@@ -4,7 +4,7 @@ Why onnx.helper and not torch.onnx.export of a sliced module: the graph is small
 BERT), and writing it directly lets us (1) use ONNX Runtime's CPU kernels we measured fastest (Gemm with the bias fused,
 one Q/K/V GEMM per layer, FusedMatMul for scaled scores, DynamicQuantizeMatMul for int8) without relying on
 the exporter's patterns being fused, (2) reference every weight by name so that all budgets' sessions share one copy of each array
-(``bind`` returns numpy *views* for head prefixes), and (3) keep torch out of the serving process.
+(``onnx_bind.bind`` returns numpy *views* for head prefixes), and (3) keep torch out of the serving process.
 
 A graph is determined by an execution plan: the per-layer head counts ``plan.heads`` and, for whole-model
 budgets, the per-layer feed-forward widths ``plan.ffn``; the kept heads of layer l are the first heads[l] heads
@@ -25,8 +25,20 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from headbudget.engine.onnx_bind import run_layers
+from headbudget.engine.store import (
+    CLASSIFIER,
+    EMBEDDINGS,
+    POOLER,
+    Arrays,
+    LayerNames,
+    exit_head,
+    head_names,
+    input_names,
+    layer_names,
+)
 from headbudget.engine.types import Precision
-from headbudget.engine.weights import Arrays, folds_residual_biases, w1_by_rows
+from headbudget.engine.weights import folds_residual_biases, w1_by_rows
 from headbudget.models.config import ModelConfig
 from headbudget.models.plan import ExecutionPlan
 
@@ -40,87 +52,14 @@ MS = "com.microsoft"
 _NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int8): TensorProto.INT8}
 
 
-def _shared(cfg: ModelConfig, precision: Precision) -> tuple[str, ...]:
-    """Initializers outside the layers: int8 adds the word table's per-row scales, a pooler its layer."""
-    return (("word", "pos_tt", "emb_g", _emb_beta(precision), "cls_w", "cls_b") + (("word_s",) if precision == "int8" else ())
-            + (("pool_w", "pool_b") if cfg.pooler != "none" else ()))
-
-
-def _sliced(store: Arrays, layer: int, k: int, dh: int, precision: Precision, cache: dict[str, np.ndarray]) -> Arrays:
-    """The arrays of one attention block at k heads; fp32 ones are views, int8 Q/K/V column slices copies."""
-    p, w = f"l{layer}.", k * dh
-    out: Arrays = {f"{p}bqkv.k{k}": store[f"{p}bqkv"][: 3 * w], f"{p}wo.k{k}": store[f"{p}wo"][:w]}
-    key = f"{p}wqkv.k{k}"
-    if precision == "int8":
-        # A (D, 3*H*dh) column prefix is not contiguous: one copy per (layer, k), shared by every session.
-        if key not in cache:
-            cache[key] = np.ascontiguousarray(store[f"{p}wqkv"][:, : 3 * w])
-        out[key] = cache[key]
-        out[f"{p}wqkv_s.k{k}"] = store[f"{p}wqkv_s"][: 3 * w]
-    else:
-        out[key] = store[f"{p}wqkv"][: 3 * w]  # (3*k*dh, D) row prefix: a view
-    return out
-
-
-def _ffn_sliced(store: Arrays, layer: int, w: int, precision: Precision) -> Arrays:
-    """The arrays of one feed-forward block at its first w neurons (0 < w < I): views of the store."""
-    p = f"l{layer}."
-    out: Arrays = {f"{p}b1.n{w}": store[f"{p}b1"][:w], f"{p}w2.n{w}": store[f"{p}w2"][:w]}  # W2 (I, D) rows
-    key = f"{p}w1.n{w}"
-    out[key] = store[f"{p}w1"][:w]  # (w, D) row prefix of the (I, D) store: a view (weights.w1_by_rows)
-    if precision == "int8":
-        out[f"{p}w1_s.n{w}"], out[f"w1_z.n{w}"] = store[f"{p}w1_s"][:w], store["w1_z"][:w]
-    return out
-
-
 def _emb_beta(precision: Precision) -> str:
     """The embedding norm's beta: folded stores' carries layer 0's b_O (weights.fold_residual_biases)."""
-    return "emb_bf" if folds_residual_biases(precision) else "emb_b"
+    return EMBEDDINGS.emb_bf if folds_residual_biases(precision) else EMBEDDINGS.emb_b
 
 
-def _ln2_beta(precision: Precision, last: bool) -> str:
+def _ln2_beta(names: LayerNames, precision: Precision, last: bool) -> str:
     """A layer's last norm's beta: folded stores' carries the next layer's b_O, unless the output is pooled."""
-    return "ln2_bf" if folds_residual_biases(precision) and not last else "ln2_b"
-
-
-def _norm_names(precision: Precision, last: bool) -> list[str]:
-    """A layer's bias and norm arrays: folded stores carry the block biases in the norms, plain ones add them."""
-    plain = [] if folds_residual_biases(precision) else ["bo", "b2"]
-    return plain + ["ln1_g", "ln1_b", "ln2_g", _ln2_beta(precision, last)]
-
-
-def _run_layers(cfg: ModelConfig, plan: ExecutionPlan) -> list[tuple[int, int]]:
-    """(heads, neurons) of each layer the plan runs: every layer, or those below its exit."""
-    pairs = zip(plan.heads, plan.ffn_widths(cfg.intermediate_size), strict=True)
-    return list(pairs)[: plan.layers_run]
-
-
-def bind(
-    store: Arrays, cfg: ModelConfig, plan: ExecutionPlan, precision: Precision, cache: dict[str, np.ndarray]
-) -> Arrays:
-    """Every initializer the graph for ``plan`` names, as arrays backed by ``store`` (or ``cache``)."""
-    out: Arrays = {n: store[n] for n in _shared(cfg, precision)}
-    if plan.depth is not None:  # a plan that stops at an exit answers with that exit's head
-        del out["cls_w"], out["cls_b"]
-        out.update({n: store[n] for n in (f"exit{plan.depth}_w", f"exit{plan.depth}_b")})
-    int8 = precision == "int8"
-    run = _run_layers(cfg, plan)
-    for layer, (k, w) in enumerate(run):
-        p = f"l{layer}."
-        names = _norm_names(precision, layer == len(run) - 1)
-        if w == cfg.intermediate_size:
-            names += ["w1", "b1", "w2"] + (["w1_s", "w2_s"] if int8 else [])
-            if int8 and "w1_z" in store:
-                out["w1_z"] = store["w1_z"]
-        elif w:
-            names += ["w2_s"] if int8 else []
-            out.update(_ffn_sliced(store, layer, w, precision))
-        if int8 and k:
-            names.append("wo_s")
-        out.update({p + n: store[p + n] for n in names})
-        if k:
-            out.update(_sliced(store, layer, k, cfg.head_dim, precision, cache))
-    return out
+    return names.ln2_bf if folds_residual_biases(precision) and not last else names.ln2_b
 
 
 class _Graph:
@@ -188,66 +127,62 @@ class _Graph:
         """LN(x + W_O·Attn(x) + b_O) over the first k heads; LN(x + b_O) when k = 0.  (B*N, D)
 
         ``k=None``: the head count is decided per call; the sliced weights and the shapes [k, 3, dh] and
-        [B*N, k*dh] are graph inputs named ``l{layer}.wqkv`` ... (see ``dynamic_inputs``), not initializers.
+        [B*N, k*dh] are graph inputs (``store.input_names``), not initializers.
         """
-        p, dh = f"l{layer}.", self.cfg.head_dim
+        own, dh = layer_names(layer), self.cfg.head_dim
         if k == 0:  # fp32: x already carries b_O (weights.fold_residual_biases)
-            return self.norm(x if self.fold else self.op("Add", [p + "bo", x]), p + "ln1_g", p + "ln1_b")
+            return self.norm(x if self.fold else self.op("Add", [own.bo, x]), own.ln1_g, own.ln1_b)
         fp32 = self.precision == "fp32"
-        sfx = "" if k is None else f".k{k}"
-        qkv = self.linear(x, f"{p}wqkv{sfx}", f"{p}bqkv{sfx}", f"{p}wqkv_s{sfx}", trans_b=fp32)  # (B*N, 3*k*dh)
-        heads = p + "heads" if k is None else self.const(f"{p}heads.k{k}", np.array([k, 3, dh], np.int64))
+        n = input_names(layer) if k is None else layer_names(layer, heads=k)
+        qkv = self.linear(x, n.wqkv, n.bqkv, n.wqkv_s, trans_b=fp32)  # (B*N, 3*k*dh)
+        heads = n.heads if k is None else self.const(n.heads, np.array([k, 3, dh], np.int64))
         qkv = self.op("Reshape", [qkv, self.op("Concat", [bn, heads], axis=0)])  # (B, N, k, 3, dh)
         qkv = self.op("Transpose", [qkv], perm=[3, 0, 2, 1, 4])  # (3, B, k, N, dh)
         q, kk, v = self.op("Split", [qkv], n_out=3, axis=0).split(",")  # each (1, B, k, N, dh)
         scores = self.op("FusedMatMul", [q, kk], domain=MS, transB=1, alpha=1.0 / math.sqrt(dh))  # (1,B,k,N,N)
         probs = self.op("Softmax", [self.op("Add", [scores, bias])], axis=-1)
         ctx = self.op("Transpose", [self.op("MatMul", [probs, v])], perm=[0, 1, 3, 2, 4])  # (1, B, N, k, dh)
-        flat = p + "flat" if k is None else self.const(f"{p}flat.k{k}", np.array([-1, k * dh], np.int64))
+        flat = n.flat if k is None else self.const(n.flat, np.array([-1, k * dh], np.int64))
         ctx = self.op("Reshape", [ctx, flat])  # (B*N, k*dh)
-        o = self.residual_out(ctx, f"{p}wo{sfx}", p + "bo", p + "wo_s", x)  # x + W_O ctx + b_O: (B*N, D)
-        return self.norm(o, p + "ln1_g", p + "ln1_b")
+        o = self.residual_out(ctx, n.wo, own.bo, own.wo_s, x)  # x + W_O ctx + b_O: (B*N, D)
+        return self.norm(o, own.ln1_g, own.ln1_b)
 
     def ffn(self, x: str, layer: int, w: int | None, last: bool) -> str:
         """LN(x + W2·GELU(W1·x + b1) + b2) over the first w neurons, exact (erf) GELU; LN(x + b2) when w = 0.
 
         ``last``: the layer's output is pooled (fp32 then norms with the plain beta, not the one that carries
         the next layer's b_O).
-        ``w`` = I: the store's full matrices; 0 < w < I: the ``bind`` slices ``l{layer}.w1.n{w}`` ...;
-        ``w=None``: the width is decided per call, the slices are graph inputs ``l{layer}.ffn_w1`` ...
-        (see ``dynamic_feeds``).  (B*N, D)
+        ``w`` = I: the store's full matrices; 0 < w < I: the ``bind`` slices (``layer_names(.., neurons=w)``);
+        ``w=None``: the width is decided per call, the slices are graph inputs (``store.input_names``).  (B*N, D)
         """
-        p = f"l{layer}."
-        beta = p + _ln2_beta(self.precision, last)
+        own = layer_names(layer)
+        beta = _ln2_beta(own, self.precision, last)
         if w == 0:  # fp32: x already carries b2
-            return self.norm(x if self.fold else self.op("Add", [p + "b2", x]), p + "ln2_g", beta)
-        if w is None:
-            w1, b1, w2, w1_s, w1_z = p + "ffn_w1", p + "ffn_b1", p + "ffn_w2", p + "ffn_w1_s", p + "ffn_w1_z"
-        else:
-            sfx = "" if w == self.cfg.intermediate_size else f".n{w}"
-            w1, b1, w2, w1_s, w1_z = p + "w1" + sfx, p + "b1" + sfx, p + "w2" + sfx, p + "w1_s" + sfx, "w1_z" + sfx
+            return self.norm(x if self.fold else self.op("Add", [own.b2, x]), own.ln2_g, beta)
+        n = input_names(layer) if w is None else layer_names(
+            layer, neurons=None if w == self.cfg.intermediate_size else w)
         rows = w1_by_rows(self.cfg)
         if rows and self.precision == "int8":  # the bias rides in BiasGelu: no Add over (B*N, w)
-            h = self.op("BiasGelu", [self.rows_int8(x, w1, w1_s, w1_z), b1], domain=MS)  # (B*N, w)
+            h = self.op("BiasGelu", [self.rows_int8(x, n.w1, n.w1_s, n.w1_z), n.b1], domain=MS)  # (B*N, w)
         else:
-            h = self.op("Gelu", [self.linear(x, w1, b1, w1_s, trans_b=rows)], domain=MS)  # (B*N, w)
-        return self.norm(self.residual_out(h, w2, p + "b2", p + "w2_s", x), p + "ln2_g", beta)
+            h = self.op("Gelu", [self.linear(x, n.w1, n.b1, n.w1_s, trans_b=rows)], domain=MS)  # (B*N, w)
+        return self.norm(self.residual_out(h, n.w2, own.b2, own.w2_s, x), own.ln2_g, beta)
 
     def embed(self, ids: str) -> str:
         """(B, N) ids -> LN(word + position + token type 0), flattened to (B*N, D)."""
         n = self.op("Shape", [ids], start=1, end=2)  # (1,) = [N]
         zero = self.const("zero", np.zeros(1, np.int64))
-        pos = self.op("Slice", ["pos_tt", zero, n, zero])  # (N, D)
+        pos = self.op("Slice", [EMBEDDINGS.pos_tt, zero, n, zero])  # (N, D)
         x = self.op("Add", [self.word(ids), pos])  # (B, N, D)
-        x = self.norm(x, "emb_g", _emb_beta(self.precision))
+        x = self.norm(x, EMBEDDINGS.emb_g, _emb_beta(self.precision))
         return self.op("Reshape", [x, self.const("flat_d", np.array([-1, self.cfg.hidden_size], np.int64))])
 
     def word(self, ids: str) -> str:
         """Word vectors (B, N, D); int8: gathered int8 rows times their gathered scales (B, N, 1)."""
         if self.precision == "int8":
-            rows = self.op("Cast", [self.op("Gather", ["word", ids])], to=TensorProto.FLOAT)
-            return self.op("Mul", [rows, self.op("Gather", ["word_s", ids])])
-        return self.op("Gather", ["word", ids])
+            rows = self.op("Cast", [self.op("Gather", [EMBEDDINGS.word, ids])], to=TensorProto.FLOAT)
+            return self.op("Mul", [rows, self.op("Gather", [EMBEDDINGS.word_s, ids])])
+        return self.op("Gather", [EMBEDDINGS.word, ids])
 
     def mask_bias(self, mask: str) -> str:
         """0 for real tokens, -1e9 for padding, (B, 1, 1, N): after softmax padding weighs exactly 0."""
@@ -269,14 +204,14 @@ class _Graph:
         count = self.op("Max", [self.op("ReduceSum", [m, one], keepdims=1), floor])  # (B, 1)
         return self.op("Div", [self.op("Squeeze", [total, one]), count])  # (B, D)
 
-    def classify(self, h: str, bn: str, mask: str, head: str = "cls") -> str:
+    def classify(self, h: str, bn: str, mask: str, head: str = CLASSIFIER) -> str:
         """Hidden states (B*N, D) -> logits (B, C): pool, the optional pooler layer, the classifier (``head``:
-        ``cls``, or ``exit{d}`` for a plan that stops at layer d)."""
+        ``CLASSIFIER``, or ``exit_head(d)`` for a plan that stops at layer d)."""
         pooled = self.pool(h, bn, mask)  # (B, D)
         if self.cfg.pooler != "none":
             act = {"tanh": "Tanh", "relu": "Relu"}[self.cfg.pooler]
-            pooled = self.op(act, [self.op("Gemm", [pooled, "pool_w", "pool_b"], transB=1)])
-        return self.op("Gemm", [pooled, f"{head}_w", f"{head}_b"], transB=1)
+            pooled = self.op(act, [self.op("Gemm", [pooled, *head_names(POOLER)], transB=1)])
+        return self.op("Gemm", [pooled, *head_names(head)], transB=1)
 
 
 # Initializers point at this (empty) file beside the graph; sessions receive the data in memory instead.
@@ -324,92 +259,11 @@ def build_graph(cfg: ModelConfig, plan: ExecutionPlan, precision: Precision, arr
     bn = g.op("Shape", ["input_ids"])  # (2,) = [B, N]
     bias = g.mask_bias("attention_mask")
     x = g.embed("input_ids")
-    run = _run_layers(cfg, plan)
+    run = run_layers(cfg, plan)
     for layer, (k, w) in enumerate(run):
         x = g.ffn(g.attention(x, bn, bias, layer, k), layer, w, last=layer == len(run) - 1)
-    logits = g.classify(x, bn, "attention_mask", "cls" if plan.depth is None else f"exit{plan.depth}")  # (B, C)
+    logits = g.classify(x, bn, "attention_mask", CLASSIFIER if plan.depth is None else exit_head(plan.depth))  # (B, C)
     return _model(g, [_IDS, _MASK], {"logits": logits}, arrays)
-
-
-def dynamic_arrays(store: Arrays, cfg: ModelConfig, precision: Precision, cache: dict[str, np.ndarray]) -> Arrays:
-    """The initializers of ``build_dynamic``: all but the sliced attention (and feed-forward) weights, fed per call.
-
-    The full-width attention weights (``l{l}.wqkv.k{H}`` ...) are initializers of the If branch that runs a
-    layer at all its heads: they are views of the store, and that branch's Gemms get prepacked. The full
-    feed-forward matrices (``l{l}.w1`` ...) are likewise prepacked, used by every budget (attention scope) or
-    by the If branch that runs a layer at all its neurons (whole-model budgets).
-    """
-    names = ["w1", "b1", "w2"] + (["w1_s", "w2_s", "wo_s"] if precision == "int8" else [])
-    out: Arrays = {n: store[n] for n in _shared(cfg, precision) + (("w1_z",) if "w1_z" in store else ())}
-    for layer in range(cfg.n_layers):
-        last = layer == cfg.n_layers - 1
-        out.update({f"l{layer}.{n}": store[f"l{layer}.{n}"] for n in names + _norm_names(precision, last)})
-        out.update(_sliced(store, layer, cfg.n_heads, cfg.head_dim, precision, cache))
-    return out
-
-
-def dynamic_feeds(store: Arrays, cfg: ModelConfig, plan: ExecutionPlan, precision: Precision,
-                  cache: dict[str, np.ndarray]) -> Arrays:
-    """The per-call inputs of ``build_dynamic`` for ``plan`` (views of ``store`` or ``cache``).
-
-    A layer with no head gets one all-zero head: Q = K = V = 0 and a zero W_O slice, so it adds exactly b_O,
-    which is what the reference computes (one head's worth of wasted work, only in empty layers). A layer at
-    all its heads takes the If branch with prepacked weights and gets a one-head dummy input too. The
-    feed-forward block (whole-model budgets) does the same: a layer with no neuron gets one zero neuron
-    (GELU(0) = 0 times a zero W2 row: it adds exactly b2), and a full layer a one-neuron dummy.
-    """
-    dh, d, n_heads = cfg.head_dim, cfg.hidden_size, cfg.n_heads
-    int8 = precision == "int8"
-    if "zero_wqkv" not in cache:
-        cache["zero_wqkv"] = np.zeros((d, 3 * dh) if int8 else (3 * dh, d), np.int8 if int8 else np.float32)
-        cache["zero_wo"] = np.zeros((dh, d), np.int8 if int8 else np.float32)
-        cache["zero_b"] = np.zeros(3 * dh, np.float32)
-        cache["one_s"] = np.ones(3 * dh, np.float32)
-    out: Arrays = {}
-    for layer, k in enumerate(plan.heads):
-        p = f"l{layer}."
-        out[p + "full"] = np.array(k == n_heads)
-        if 0 < k < n_heads:
-            sliced = _sliced(store, layer, k, dh, precision, cache)
-            out.update({p + n: sliced[f"{p}{n}.k{k}"] for n in ("wqkv", "bqkv", "wo")})
-            if int8:
-                out[p + "wqkv_s"] = sliced[f"{p}wqkv_s.k{k}"]
-        else:
-            out.update({p + "wqkv": cache["zero_wqkv"], p + "bqkv": cache["zero_b"], p + "wo": cache["zero_wo"]})
-            if int8:
-                out[p + "wqkv_s"] = cache["one_s"]
-        kk = k if 0 < k < n_heads else 1
-        out[p + "heads"] = np.array([kk, 3, dh], np.int64)
-        out[p + "flat"] = np.array([-1, kk * dh], np.int64)
-    if cfg.ffn_groups:
-        out.update(_ffn_feeds(store, cfg, plan.ffn_widths(cfg.intermediate_size), precision, cache))
-    return out
-
-
-def _ffn_feeds(store: Arrays, cfg: ModelConfig, widths: Sequence[int], precision: Precision,
-               cache: dict[str, np.ndarray]) -> Arrays:
-    """The feed-forward part of ``dynamic_feeds``: per layer the full flag and the neuron-prefix slices."""
-    d, full_width, int8 = cfg.hidden_size, cfg.intermediate_size, precision == "int8"
-    if "zero_w1" not in cache:  # W1 is (I, D) wherever there are feed-forward budgets (weights.w1_by_rows)
-        cache["zero_w1"] = np.zeros((1, d), np.int8 if int8 else np.float32)
-        cache["zero_w2"] = np.zeros((1, d), np.int8 if int8 else np.float32)
-        cache["zero_b1"] = np.zeros(1, np.float32)
-        cache["one_s1"] = np.ones(1, np.float32)
-        cache["zero_z1"] = np.zeros(1, np.int8)
-    out: Arrays = {}
-    for layer, w in enumerate(widths):
-        p = f"l{layer}."
-        out[p + "ffn_full"] = np.array(w == full_width)
-        if 0 < w < full_width:
-            sliced = _ffn_sliced(store, layer, w, precision)
-            out.update({f"{p}ffn_{n}": sliced[f"{p}{n}.n{w}"] for n in ("w1", "b1", "w2")})
-            if int8:
-                out[p + "ffn_w1_s"], out[p + "ffn_w1_z"] = sliced[f"{p}w1_s.n{w}"], sliced[f"w1_z.n{w}"]
-        else:
-            out.update({p + "ffn_w1": cache["zero_w1"], p + "ffn_b1": cache["zero_b1"], p + "ffn_w2": cache["zero_w2"]})
-            if int8:
-                out[p + "ffn_w1_s"], out[p + "ffn_w1_z"] = cache["one_s1"], cache["zero_z1"]
-    return out
 
 
 def build_dynamic(cfg: ModelConfig, precision: Precision, arrays: Arrays) -> onnx.ModelProto:
@@ -428,31 +282,26 @@ def build_dynamic(cfg: ModelConfig, precision: Precision, arrays: Arrays) -> onn
     inputs = [_IDS, _MASK]
     wtype = TensorProto.INT8 if precision == "int8" else TensorProto.FLOAT
     for layer in range(cfg.n_layers):
-        p = f"l{layer}."
-        inputs += [helper.make_tensor_value_info(p + "full", TensorProto.BOOL, []),
-                   helper.make_tensor_value_info(p + "wqkv", wtype, [None, None]),
-                   helper.make_tensor_value_info(p + "bqkv", TensorProto.FLOAT, [None]),
-                   helper.make_tensor_value_info(p + "wo", wtype, [None, cfg.hidden_size]),
-                   helper.make_tensor_value_info(p + "heads", TensorProto.INT64, [3]),
-                   helper.make_tensor_value_info(p + "flat", TensorProto.INT64, [2])]
+        n, info = input_names(layer), helper.make_tensor_value_info
+        inputs += [info(n.full, TensorProto.BOOL, []), info(n.wqkv, wtype, [None, None]),
+                   info(n.bqkv, TensorProto.FLOAT, [None]), info(n.wo, wtype, [None, cfg.hidden_size]),
+                   info(n.heads, TensorProto.INT64, [3]), info(n.flat, TensorProto.INT64, [2])]
         if precision == "int8":
-            inputs.append(helper.make_tensor_value_info(p + "wqkv_s", TensorProto.FLOAT, [None]))
+            inputs.append(info(n.wqkv_s, TensorProto.FLOAT, [None]))
         h = x
-        x = g.switch(p + "full", partial(_Graph.attention, x=h, bn=bn, bias=bias, layer=layer, k=cfg.n_heads),
+        x = g.switch(n.full, partial(_Graph.attention, x=h, bn=bn, bias=bias, layer=layer, k=cfg.n_heads),
                      partial(_Graph.attention, x=h, bn=bn, bias=bias, layer=layer, k=None))
         last = layer == cfg.n_layers - 1
         if not cfg.ffn_groups:  # attention scope: every neuron, every budget
             x = g.ffn(x, layer, cfg.intermediate_size, last)
             continue
-        inputs += [helper.make_tensor_value_info(p + "ffn_full", TensorProto.BOOL, []),
-                   helper.make_tensor_value_info(p + "ffn_w1", wtype, [None, cfg.hidden_size]),  # (w, D) rows
-                   helper.make_tensor_value_info(p + "ffn_b1", TensorProto.FLOAT, [None]),
-                   helper.make_tensor_value_info(p + "ffn_w2", wtype, [None, cfg.hidden_size])]
+        inputs += [info(n.ffn_full, TensorProto.BOOL, []),
+                   info(n.w1, wtype, [None, cfg.hidden_size]),  # (w, D) rows
+                   info(n.b1, TensorProto.FLOAT, [None]), info(n.w2, wtype, [None, cfg.hidden_size])]
         if precision == "int8":
-            inputs += [helper.make_tensor_value_info(p + "ffn_w1_s", TensorProto.FLOAT, [None]),
-                       helper.make_tensor_value_info(p + "ffn_w1_z", TensorProto.INT8, [None])]
+            inputs += [info(n.w1_s, TensorProto.FLOAT, [None]), info(n.w1_z, TensorProto.INT8, [None])]
         h = x
-        x = g.switch(p + "ffn_full", partial(_Graph.ffn, x=h, layer=layer, w=cfg.intermediate_size, last=last),
+        x = g.switch(n.ffn_full, partial(_Graph.ffn, x=h, layer=layer, w=cfg.intermediate_size, last=last),
                      partial(_Graph.ffn, x=h, layer=layer, w=None, last=last))
     logits = g.classify(x, bn, "attention_mask")  # (B, C)
     return _model(g, inputs, {"logits": logits}, arrays)

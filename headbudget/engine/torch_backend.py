@@ -14,6 +14,7 @@ import torch
 
 from headbudget.engine.base import EngineBase
 from headbudget.engine.errors import ModelLoadError
+from headbudget.engine.store import Embeddings
 from headbudget.engine.types import EngineOptions, ExecutionPlan, ModelInfo
 from headbudget.models.checkpoint import load_checkpoint
 from headbudget.models.checkpoint_meta import CheckpointError
@@ -34,7 +35,7 @@ class TorchEngine(EngineBase):
         self.info = info
         self.policy = self.model.gates.policy()  # the gates are fixed in eval: one ranking for every budget
         self._masks: dict[Hashable, np.ndarray] = {}
-        self._tables: dict[str, np.ndarray] = {}
+        self._tables: Embeddings | None = None
 
     def make_plan(self, budget: float) -> ExecutionPlan:
         plan = self.policy.plan(budget)
@@ -43,12 +44,16 @@ class TorchEngine(EngineBase):
         self._masks[plan.key] = self.policy.mask(budget)
         return plan
 
-    def embedding_tables(self) -> dict[str, np.ndarray]:
-        if not self._tables:
+    def embedding_tables(self) -> Embeddings:
+        if self._tables is None:
             e = self.model.encoder.embeddings
+
+            def array(t: torch.Tensor) -> np.ndarray:
+                return t.detach().float().numpy()
+
             pos_tt = e.position.weight + e.token_type.weight[0]  # as the weight store folds them
-            self._tables = {name: t.detach().float().numpy() for name, t in (
-                ("word", e.word.weight), ("pos_tt", pos_tt), ("emb_g", e.norm.weight), ("emb_b", e.norm.bias))}
+            self._tables = Embeddings(word=array(e.word.weight), pos_tt=array(pos_tt), emb_g=array(e.norm.weight),
+                                      emb_b=array(e.norm.bias))
         return self._tables
 
     def forward_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray, plan: ExecutionPlan) -> np.ndarray:

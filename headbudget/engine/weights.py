@@ -23,12 +23,14 @@ or W2 (rows: one scale per output feature over all I rows), never changes a kept
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from headbudget.engine.errors import ModelLoadError
+from headbudget.engine.store import Arrays, Embeddings, Head, LayerWeights, WeightStore
 from headbudget.engine.types import Precision
 from headbudget.models.budget import GateParams
 from headbudget.models.checkpoint_meta import (
@@ -41,8 +43,6 @@ from headbudget.models.checkpoint_meta import (
 )
 from headbudget.models.config import ModelConfig
 from headbudget.models.plan import BudgetPolicy
-
-Arrays = dict[str, np.ndarray]
 
 
 def checkpoint_config(folder: Path) -> tuple[dict[str, Any], ModelConfig]:
@@ -152,74 +152,78 @@ def w1_by_rows(cfg: ModelConfig) -> bool:
     return cfg.gate.scope == "model"  # both precisions: one layout, one rule
 
 
-def pack(state: Arrays, cfg: ModelConfig, policy: BudgetPolicy, precision: Precision) -> Arrays:
+def pack(state: Arrays, cfg: ModelConfig, policy: BudgetPolicy, precision: Precision) -> WeightStore:
     """The engine's weight store: every array all budgets share, in the layout described above.
 
     ``policy`` gives the per-layer head order (``perms``) and, for whole-model budgets, the neuron order
     (``neuron_perms``); attention-scope checkpoints keep their neurons in place.
     """
-    dh, perms = cfg.head_dim, policy.perms
-    neuron_perms = policy.neuron_perms if cfg.gate.scope == "model" else None
     e = "encoder.embeddings."
-    out: Arrays = {
-        "word": state[e + "word.weight"],
-        # Position and the (always 0) token type folded into one table: one Add fewer per call.
-        "pos_tt": state[e + "position.weight"] + state[e + "token_type.weight"][0],
-        "emb_g": state[e + "norm.weight"], "emb_b": state[e + "norm.bias"],
-        "cls_w": state["classifier.weight"], "cls_b": state["classifier.bias"],
-    }
-    if cfg.pooler != "none":
-        out["pool_w"], out["pool_b"] = state["pooler.weight"], state["pooler.bias"]
-    for i, depth in enumerate(cfg.gate.exits):  # exit heads stay fp32, as the classifier does
-        out[f"exit{depth}_w"], out[f"exit{depth}_b"] = state[f"exits.{i}.weight"], state[f"exits.{i}.bias"]
+    neuron_perms = policy.neuron_perms if cfg.gate.scope == "model" else None
+    word, word_s, w1_z = state[e + "word.weight"], None, None
     if precision == "int8":
         # The word table is most of the model (30522 x 384 fp32 = 47 MB for MiniLM): int8 rows with one
         # scale each, dequantized after the Gather (only the B*N gathered rows), as quantize_dynamic does.
-        out["word"], out["word_s"] = quantize_rows(out["word"])
+        word, word_s = quantize_rows(word)
         if w1_by_rows(cfg):  # QGemm's per-neuron zero points (all 0, symmetric), sliced per width
-            out["w1_z"] = np.zeros(cfg.intermediate_size, np.int8)
-    for layer in range(cfg.n_layers):
-        p = f"encoder.layers.{layer}."
-        # Feature indices of the heads in rank order: (H*dh,).
-        cols = (perms[layer][:, None] * dh + np.arange(dh)[None, :]).reshape(-1)
-        # Q/K/V rows interleaved per head, [q_h; k_h; v_h] for h in rank order: (H*3*dh, D) out x in, so that
-        # the first 3*k*dh rows are the k kept heads and one GEMM computes all three projections.
-        qkv = np.stack([state[p + f"attention.{m}.weight"][cols].reshape(cfg.n_heads, dh, -1)
-                        for m in ("query", "key", "value")], axis=1).reshape(3 * cfg.n_heads * dh, -1)
-        out[f"l{layer}.bqkv"] = np.stack([state[p + f"attention.{m}.bias"][cols].reshape(cfg.n_heads, dh)
-                                          for m in ("query", "key", "value")], axis=1).reshape(-1)
-        if precision == "int8":
-            # (D, H*3*dh), so a head prefix is a column copy per (layer, k) (engine slice cache, ~11 MB on MiniLM
-            # over 19 budgets). Rows + QGemm as for W1 was measured (A/B, three alternating processes per tree,
-            # 40 AG News texts): +2-3% at every budget for those 11 MB; memory is within 2x without it.
-            out[f"l{layer}.wqkv"], out[f"l{layer}.wqkv_s"] = quantize_columns(qkv.T)  # (D, H*3*dh)
-        else:
-            out[f"l{layer}.wqkv"] = np.ascontiguousarray(qkv)
-        wo_t = np.ascontiguousarray(state[p + "attention.output.weight"][:, cols].T)  # (H*dh, D) in x out
-        w1, b1, w2 = state[p + "intermediate.weight"], state[p + "intermediate.bias"], state[p + "ffn_out.weight"]
-        if neuron_perms is not None:  # neurons in rank order: (I, D) rows, (I,) entries, (D, I) columns
-            w1, b1, w2 = w1[neuron_perms[layer]], b1[neuron_perms[layer]], w2[:, neuron_perms[layer]]
-        # W1 (D, I), or (I, D) where a neuron prefix must be a row view (w1_by_rows); W2 (I, D).
-        rows = w1_by_rows(cfg)
-        w1_t = np.ascontiguousarray(w1 if rows else w1.T)
-        w2_t = np.ascontiguousarray(w2.T)
-        for name, w in (("wo", wo_t), ("w1", w1_t), ("w2", w2_t)):
-            if precision == "int8" and name == "w1" and rows:  # one scale per neuron, as for the (D, I) layout
-                out[f"l{layer}.w1"], scale = quantize_rows(w)
-                out[f"l{layer}.w1_s"] = scale.reshape(-1)
-            elif precision == "int8":
-                out[f"l{layer}.{name}"], out[f"l{layer}.{name}_s"] = quantize_columns(w)
-            else:
-                out[f"l{layer}.{name}"] = w
-        out[f"l{layer}.bo"] = state[p + "attention.output.bias"]
-        out[f"l{layer}.b1"] = b1
-        out[f"l{layer}.b2"] = state[p + "ffn_out.bias"]
-        for name, norm in (("ln1", "attn_norm"), ("ln2", "ffn_norm")):
-            out[f"l{layer}.{name}_g"] = state[p + norm + ".weight"]
-            out[f"l{layer}.{name}_b"] = state[p + norm + ".bias"]
+            w1_z = np.zeros(cfg.intermediate_size, np.int8)
+    store = WeightStore(
+        precision=precision,
+        # Position and the (always 0) token type folded into one table: one Add fewer per call.
+        embeddings=Embeddings(word=word, word_s=word_s, emb_g=state[e + "norm.weight"], emb_b=state[e + "norm.bias"],
+                              pos_tt=state[e + "position.weight"] + state[e + "token_type.weight"][0]),
+        layers=tuple(_pack_layer(state, cfg, layer, policy.perms[layer],
+                                 None if neuron_perms is None else neuron_perms[layer], precision)
+                     for layer in range(cfg.n_layers)),
+        classifier=Head(state["classifier.weight"], state["classifier.bias"]),
+        pooler=Head(state["pooler.weight"], state["pooler.bias"]) if cfg.pooler != "none" else None,
+        # Exit heads stay fp32, as the classifier does.
+        exits={depth: Head(state[f"exits.{i}.weight"], state[f"exits.{i}.bias"])
+               for i, depth in enumerate(cfg.gate.exits)},
+        w1_z=w1_z)
     if folds_residual_biases(precision):
-        fold_residual_biases(out, cfg)
-    return {k: np.ascontiguousarray(v) for k, v in out.items()}
+        store = fold_residual_biases(store, cfg)
+    return store.contiguous()
+
+
+def _pack_layer(state: Arrays, cfg: ModelConfig, layer: int, heads: np.ndarray, neurons: np.ndarray | None,
+                precision: Precision) -> LayerWeights:
+    """One layer of ``pack``: ``heads`` (H,) and ``neurons`` (I,) in rank order (None: in place), transposed,
+    maybe quantized."""
+    p, dh, h = f"encoder.layers.{layer}.", cfg.head_dim, cfg.n_heads
+    # Feature indices of the heads in rank order: (H*dh,).
+    cols = (heads[:, None] * dh + np.arange(dh)[None, :]).reshape(-1)
+    # Q/K/V rows interleaved per head, [q_h; k_h; v_h] for h in rank order: (H*3*dh, D) out x in, so that
+    # the first 3*k*dh rows are the k kept heads and one GEMM computes all three projections.
+    qkv = np.stack([state[p + f"attention.{m}.weight"][cols].reshape(h, dh, -1)
+                    for m in ("query", "key", "value")], axis=1).reshape(3 * h * dh, -1)
+    bqkv = np.stack([state[p + f"attention.{m}.bias"][cols].reshape(h, dh)
+                     for m in ("query", "key", "value")], axis=1).reshape(-1)
+    wo = np.ascontiguousarray(state[p + "attention.output.weight"][:, cols].T)  # (H*dh, D) in x out
+    w1, b1, w2 = state[p + "intermediate.weight"], state[p + "intermediate.bias"], state[p + "ffn_out.weight"]
+    if neurons is not None:  # neurons in rank order: (I, D) rows, (I,) entries, (D, I) columns
+        w1, b1, w2 = w1[neurons], b1[neurons], w2[:, neurons]
+    # W1 (D, I), or (I, D) where a neuron prefix must be a row view (w1_by_rows); W2 (I, D).
+    rows = w1_by_rows(cfg)
+    w1 = np.ascontiguousarray(w1 if rows else w1.T)
+    w2 = np.ascontiguousarray(w2.T)
+    plain = {"bqkv": bqkv, "bo": state[p + "attention.output.bias"], "b1": b1, "b2": state[p + "ffn_out.bias"],
+             "ln1_g": state[p + "attn_norm.weight"], "ln1_b": state[p + "attn_norm.bias"],
+             "ln2_g": state[p + "ffn_norm.weight"], "ln2_b": state[p + "ffn_norm.bias"]}
+    if precision != "int8":
+        return LayerWeights(wqkv=np.ascontiguousarray(qkv), wo=wo, w1=w1, w2=w2, **plain)
+    # (D, H*3*dh), so a head prefix is a column copy per (layer, k) (engine slice cache, ~11 MB on MiniLM
+    # over 19 budgets). Rows + QGemm as for W1 was measured (A/B, three alternating processes per tree,
+    # 40 AG News texts): +2-3% at every budget for those 11 MB; memory is within 2x without it.
+    wqkv, wqkv_s = quantize_columns(qkv.T)
+    wo, wo_s = quantize_columns(wo)
+    if rows:  # one scale per neuron, as for the (D, I) layout
+        w1, w1_s = quantize_rows(w1)
+        w1_s = w1_s.reshape(-1)
+    else:
+        w1, w1_s = quantize_columns(w1)
+    w2, w2_s = quantize_columns(w2)
+    return LayerWeights(wqkv=wqkv, wo=wo, w1=w1, w2=w2, wqkv_s=wqkv_s, wo_s=wo_s, w1_s=w1_s, w2_s=w2_s, **plain)
 
 
 def folds_residual_biases(precision: Precision) -> bool:
@@ -228,16 +232,16 @@ def folds_residual_biases(precision: Precision) -> bool:
     return precision == "fp32"
 
 
-def fold_residual_biases(store: Arrays, cfg: ModelConfig) -> None:
+def fold_residual_biases(store: WeightStore, cfg: ModelConfig) -> WeightStore:
     """Carry each block's output bias in the residual stream, so that the graph needs no Add per block (fp32).
 
     Each block computes LN(x + f(x) + b) with f's last matrix product in a Gemm. With x' = x + b the block is
     LN(f(x' - b) + x'): the Gemm takes x' as its C input (no separate Add), and f's first product sees x' - b
     through its bias, W(x' - b) + c = Wx' + (c - Wb). x' is the previous LayerNorm's output with b added to its
     beta. So per layer l (bo = W_O's bias, b2 = W2's): ``bqkv`` -= Wqkv bo, ``ln1_b`` += b2, ``b1`` -= W1 b2,
-    and the norm before layer l gets bo: ``emb_bf`` (emb_b + bo) for l = 0, else ``l{l-1}.ln2_bf`` (ln2_b + bo;
-    ``ln2_b`` stays plain for a layer whose output is pooled: the last one, or the last before an exit). The
-    names ``bqkv``, ``ln1_b`` and ``b1`` hold the folded values in fp32 stores. Every fold is per
+    and the norm before layer l gets bo: ``emb_bf`` (emb_b + bo) for l = 0, else layer l-1's ``ln2_bf``
+    (ln2_b + bo; ``ln2_b`` stays plain for a layer whose output is pooled: the last one, or the last before an
+    exit). The fields ``bqkv``, ``ln1_b`` and ``b1`` hold the folded values in fp32 stores. Every fold is per
     output row (a head's Q/K/V rows, a neuron), so head and neuron prefixes stay prefixes. A layer with no
     head (no neuron) is LN(x') exactly, as the reference's LN(x + b). Measured (AG News exits checkpoint, one
     thread, 200 AG News texts, the engine's graphs with and without the fold in one process, each call after
@@ -245,14 +249,17 @@ def fold_residual_biases(store: Arrays, cfg: ModelConfig) -> None:
     logits within 1e-6. int8's DynamicQuantizeMatMul has no C input, so int8 stores stay plain (bit-identical).
     """
     rows = w1_by_rows(cfg)
-    store["emb_bf"] = store["emb_b"] + store["l0.bo"]  # emb_b stays plain: EngineBase.embed reads it
-    for layer in range(cfg.n_layers):
-        p = f"l{layer}."
-        bo, b2 = store[p + "bo"].astype(np.float64), store[p + "b2"].astype(np.float64)
-        store[p + "bqkv"] = (store[p + "bqkv"] - store[p + "wqkv"].astype(np.float64) @ bo).astype(np.float32)
-        store[p + "ln1_b"] = store[p + "ln1_b"] + store[p + "b2"]
-        w1 = store[p + "w1"].astype(np.float64)  # (I, D) rows, or (D, I)
-        store[p + "b1"] = (store[p + "b1"] - (w1 @ b2 if rows else b2 @ w1)).astype(np.float32)
-        if layer + 1 < cfg.n_layers:
-            store[p + "ln2_bf"] = store[p + "ln2_b"] + store[f"l{layer + 1}.bo"]
+    emb, layers = store.embeddings, store.layers
+    # emb_b stays plain: EngineBase.embed reads it.
+    folded = replace(store, embeddings=replace(emb, emb_bf=emb.emb_b + layers[0].bo), layers=tuple(
+        _fold_layer(lw, None if i + 1 == len(layers) else layers[i + 1].bo, rows) for i, lw in enumerate(layers)))
+    return folded
 
+
+def _fold_layer(lw: LayerWeights, next_bo: np.ndarray | None, rows: bool) -> LayerWeights:
+    """One layer of ``fold_residual_biases``; ``next_bo``: the next layer's b_O (None for the last layer)."""
+    bo, b2 = lw.bo.astype(np.float64), lw.b2.astype(np.float64)
+    w1 = lw.w1.astype(np.float64)  # (I, D) rows, or (D, I)
+    return replace(lw, bqkv=(lw.bqkv - lw.wqkv.astype(np.float64) @ bo).astype(np.float32), ln1_b=lw.ln1_b + lw.b2,
+                   b1=(lw.b1 - (w1 @ b2 if rows else b2 @ w1)).astype(np.float32),
+                   ln2_bf=None if next_bo is None else lw.ln2_b + next_bo)

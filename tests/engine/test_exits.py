@@ -138,10 +138,13 @@ def test_a_plan_stopping_at_an_exit_adds_no_weight_copy(exits_checkpoint: Path, 
     plan = next(engine.plan(b) for b in BUDGET_GRID if engine.plan(b).depth is not None)
     sess, _ = engine._runner(plan)  # noqa: SLF001
     assert engine.n_sessions == 1  # type: ignore[attr-defined]
-    store = engine.store  # type: ignore[attr-defined]
+    store = engine.store.arrays()  # type: ignore[attr-defined]
+    checked = 0
     for name, value in engine._values.items():  # noqa: SLF001
         if name in store and name.startswith(("l0.w1", "l0.w2", "exit")):
             assert np.shares_memory(value.numpy(), store[name]) or np.array_equal(value.numpy(), store[name])
+            checked += 1
+    assert checked > 0
     assert sess is not None
 
 

@@ -192,7 +192,8 @@ def test_neuron_prefixes_are_views_of_the_one_store(tiny_model_scope_checkpoint:
                                                     precision: str) -> None:
     """Every budget's W1, W2 and b1 (and int8 scales) share the store's memory: no per-width copy in either
     precision, in the per-call feeds of the all-budget session and in a prepacked budget's initializers."""
-    from headbudget.engine import onnx_graph as G
+    from headbudget.engine import onnx_bind as B
+    from headbudget.engine.store import input_names, layer_names
     from headbudget.engine.weights import gate_params, load_state, pack
     from headbudget.models.budget import head_order
     from headbudget.models.plan import BudgetPolicy
@@ -201,22 +202,25 @@ def test_neuron_prefixes_are_views_of_the_one_store(tiny_model_scope_checkpoint:
     state = load_state(tiny_model_scope_checkpoint, cfg)
     policy = BudgetPolicy(cfg, head_order(gate_params(state)))
     store = pack(state, cfg, policy, precision)  # type: ignore[arg-type]
-    cache: dict[str, np.ndarray] = {}
+    cache = B.SliceCache()
     partial = 0
     for b in BUDGET_GRID:
         plan = policy.plan(b)
-        feeds, bound = G.dynamic_feeds(store, cfg, plan, precision, cache), G.bind(store, cfg, plan, precision, cache)  # type: ignore[arg-type]
+        feeds, bound = B.dynamic_feeds(store, cfg, plan, cache), B.bind(store, cfg, plan, cache)
         for layer, w in enumerate(plan.ffn_widths(cfg.intermediate_size)):
             if not 0 < w < cfg.intermediate_size:
                 continue
             partial += 1
-            p = f"l{layer}."
-            names = ["w1", "w2", "b1"] + (["w1_s"] if precision == "int8" else [])
-            for n in names:
-                assert np.shares_memory(feeds[f"{p}ffn_{n}"], store[p + n]), (b, layer, n)
-                assert np.shares_memory(bound[f"{p}{n}.n{w}"], store[p + n]), (b, layer, n)
-            assert feeds[p + "ffn_w1"].shape == (w, cfg.hidden_size)
-    assert partial > 0 and not any(".w1" in k for k in cache)
+            lw, fed, own = store.layers[layer], input_names(layer), layer_names(layer, neurons=w)
+            pairs = [(lw.w1, fed.w1, own.w1), (lw.w2, fed.w2, own.w2), (lw.b1, fed.b1, own.b1)]
+            if precision == "int8":
+                pairs.append((lw.w1_s, fed.w1_s, own.w1_s))
+            for array, fed_name, bound_name in pairs:
+                assert np.shares_memory(feeds[fed_name], array), (b, layer, fed_name)
+                assert np.shares_memory(bound[bound_name], array), (b, layer, bound_name)
+            assert feeds[fed.w1].shape == (w, cfg.hidden_size)
+    # The only copies are int8 Q/K/V column prefixes (one per layer and head count).
+    assert partial > 0 and (precision == "int8" or not cache.qkv)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
@@ -225,6 +229,7 @@ def test_fp32_graphs_carry_the_residual_in_the_gemm(tiny_model_scope_checkpoint:
     """fp32 folds each block's output bias into the residual stream (weights.fold_residual_biases): its graphs
     add no residual, at any budget and in the all-budget graph; int8 keeps one Add per block. The only other Adds
     are the position embeddings and the padding mask (one per attention block run)."""
+    from headbudget.engine import onnx_bind as B
     from headbudget.engine import onnx_graph as G
     from headbudget.engine.weights import gate_params, load_state, pack
     from headbudget.models.budget import head_order
@@ -243,11 +248,11 @@ def test_fp32_graphs_carry_the_residual_in_the_gemm(tiny_model_scope_checkpoint:
 
     for b in (0.1, 0.5, 1.0):
         plan = policy.plan(b)
-        arrays = G.bind(store, cfg, plan, precision, {})  # type: ignore[arg-type]
+        arrays = B.bind(store, cfg, plan, B.SliceCache())
         blocks_with_mask = sum(1 for k in plan.heads if k)
         residual = 0 if precision == "fp32" else 2 * cfg.n_layers
         assert adds(G.build_graph(cfg, plan, precision, arrays)) == 1 + blocks_with_mask + residual, b  # type: ignore[arg-type]
-    dynamic = G.build_dynamic(cfg, precision, G.dynamic_arrays(store, cfg, precision, {}))  # type: ignore[arg-type]
+    dynamic = G.build_dynamic(cfg, precision, B.dynamic_arrays(store, cfg, B.SliceCache()))  # type: ignore[arg-type]
     # Both If branches of each attention and feed-forward block are counted.
     assert adds(dynamic) == 1 + 2 * cfg.n_layers + (0 if precision == "fp32" else 4 * cfg.n_layers)
-    assert ("l0.ln2_bf" in store) == (precision == "fp32") and "emb_b" in store
+    assert (store.layers[0].ln2_bf is not None) == (precision == "fp32") and store.layers[-1].ln2_bf is None

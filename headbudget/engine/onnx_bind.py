@@ -1,0 +1,223 @@
+"""The arrays the engine's ONNX graphs name, as views of one weight store: initializers and per-call inputs.
+
+``bind`` gives a plan's own graph (``onnx_graph.build_graph``) its initializers, ``dynamic_arrays`` and
+``dynamic_feeds`` the all-budget graph's (``onnx_graph.build_dynamic``) initializers and a plan's per-call
+inputs. A plan keeps the first heads (neurons) of each layer's rank order, so its arrays are row prefixes of
+the store's: numpy views, one copy of every weight for all budgets. The exception is int8 Q/K/V, stored
+(D, H*3*dh): a head prefix is a column copy, made once per (layer, heads) in the engine's ``SliceCache``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from headbudget.engine.store import (
+    CLASSIFIER,
+    EMBEDDINGS,
+    POOLER,
+    W1_Z,
+    Arrays,
+    LayerWeights,
+    WeightStore,
+    exit_head,
+    head_names,
+    input_names,
+    layer_names,
+)
+from headbudget.engine.types import Precision
+from headbudget.engine.weights import folds_residual_biases
+from headbudget.models.config import ModelConfig
+from headbudget.models.plan import ExecutionPlan
+
+
+@dataclass(frozen=True, eq=False)
+class _Idle:
+    """Per-call inputs for one zero unit: what a layer is fed when its prefix branch runs no slice of its own."""
+
+    w_in: np.ndarray  # one zero head's Q/K/V, (3*dh, D) fp32 or (D, 3*dh) int8; or one zero W1 row, (1, D)
+    bias: np.ndarray  # zeros: (3*dh,), or (1,)
+    w_out: np.ndarray  # one zero head's W_O rows, (dh, D); or one zero W2 row, (1, D)
+    scale: np.ndarray  # ones, int8's scales of w_in
+    zero: np.ndarray  # int8 W1's zero point, (1,) (feed-forward only)
+
+
+@dataclass
+class SliceCache:
+    """Arrays an engine makes once and shares between all its sessions."""
+
+    qkv: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)  # (layer, heads) -> int8 Q/K/V prefix
+    idle_heads: _Idle | None = None
+    idle_neurons: _Idle | None = None
+
+
+def run_layers(cfg: ModelConfig, plan: ExecutionPlan) -> list[tuple[int, int]]:
+    """(heads, neurons) of each layer the plan runs: every layer, or those below its exit."""
+    pairs = zip(plan.heads, plan.ffn_widths(cfg.intermediate_size), strict=True)
+    return list(pairs)[: plan.layers_run]
+
+
+def _put(out: Arrays, name: str, array: np.ndarray | None) -> None:
+    """``out[name] = array`` where the store holds that array (int8 scales, folded biases)."""
+    if array is not None:
+        out[name] = array
+
+
+def _shared(store: WeightStore, head: str) -> Arrays:
+    """Initializers outside the layers: embeddings (int8 adds the word table's scales), the answering head
+    (``CLASSIFIER`` or an exit's), a pooler's layer."""
+    emb, e = store.embeddings, EMBEDDINGS
+    beta = (e.emb_bf, emb.emb_bf) if folds_residual_biases(store.precision) else (e.emb_b, emb.emb_b)
+    out: Arrays = {e.word: emb.word, e.pos_tt: emb.pos_tt, e.emb_g: emb.emb_g}
+    _put(out, *beta)
+    for prefix in (head, POOLER):
+        h = store.heads().get(prefix)
+        if h is not None:
+            out.update(zip(head_names(prefix), (h.w, h.b), strict=True))
+    _put(out, e.word_s, emb.word_s)
+    return out
+
+
+def _norms(lw: LayerWeights, layer: int, folded: bool, last: bool) -> Arrays:
+    """A layer's bias and norm arrays: folded stores carry the block biases in the norms, plain ones add them.
+    A folded layer whose output is not pooled norms with ``ln2_bf`` (the next layer's b_O added)."""
+    n = layer_names(layer)
+    out: Arrays = {} if folded else {n.bo: lw.bo, n.b2: lw.b2}
+    out |= {n.ln1_g: lw.ln1_g, n.ln1_b: lw.ln1_b, n.ln2_g: lw.ln2_g}
+    _put(out, *((n.ln2_bf, lw.ln2_bf) if folded and not last else (n.ln2_b, lw.ln2_b)))
+    return out
+
+
+def _full_ffn(store: WeightStore, layer: int) -> Arrays:
+    """The feed-forward block at all its neurons: the store's matrices (int8: their scales, the zero points)."""
+    lw, n = store.layers[layer], layer_names(layer)
+    out: Arrays = {n.w1: lw.w1, n.b1: lw.b1, n.w2: lw.w2}
+    _put(out, n.w1_s, lw.w1_s)
+    _put(out, n.w2_s, lw.w2_s)
+    _put(out, W1_Z, store.w1_z)
+    return out
+
+
+def _sliced(store: WeightStore, layer: int, k: int, dh: int, cache: SliceCache) -> Arrays:
+    """The arrays of one attention block at k heads; fp32 ones are views, int8 Q/K/V column slices copies."""
+    lw, n, w = store.layers[layer], layer_names(layer, heads=k), k * dh
+    out: Arrays = {n.bqkv: lw.bqkv[: 3 * w], n.wo: lw.wo[:w]}
+    if lw.wqkv_s is not None:
+        # A (D, 3*H*dh) column prefix is not contiguous: one copy per (layer, k), shared by every session.
+        if (layer, k) not in cache.qkv:
+            cache.qkv[layer, k] = np.ascontiguousarray(lw.wqkv[:, : 3 * w])
+        out[n.wqkv] = cache.qkv[layer, k]
+        out[n.wqkv_s] = lw.wqkv_s[: 3 * w]
+    else:
+        out[n.wqkv] = lw.wqkv[: 3 * w]  # (3*k*dh, D) row prefix: a view
+    return out
+
+
+def _ffn_sliced(store: WeightStore, layer: int, w: int) -> Arrays:
+    """The arrays of one feed-forward block at its first w neurons (0 < w < I): views of the store."""
+    lw, n = store.layers[layer], layer_names(layer, neurons=w)
+    # W1 (w, D) and W2 (w, D): row prefixes of the (I, D) store (weights.w1_by_rows).
+    out: Arrays = {n.b1: lw.b1[:w], n.w2: lw.w2[:w], n.w1: lw.w1[:w]}
+    if lw.w1_s is not None and store.w1_z is not None:
+        out[n.w1_s], out[n.w1_z] = lw.w1_s[:w], store.w1_z[:w]
+    return out
+
+
+def bind(store: WeightStore, cfg: ModelConfig, plan: ExecutionPlan, cache: SliceCache) -> Arrays:
+    """Every initializer the graph for ``plan`` names, as arrays backed by ``store`` (or ``cache``)."""
+    # A plan that stops at an exit answers with that exit's head.
+    out = _shared(store, CLASSIFIER if plan.depth is None else exit_head(plan.depth))
+    folded, run = folds_residual_biases(store.precision), run_layers(cfg, plan)
+    for layer, (k, w) in enumerate(run):
+        lw, n = store.layers[layer], layer_names(layer)
+        out.update(_norms(lw, layer, folded, last=layer == len(run) - 1))
+        if w == cfg.intermediate_size:
+            out.update(_full_ffn(store, layer))
+        elif w:
+            _put(out, n.w2_s, lw.w2_s)
+            out.update(_ffn_sliced(store, layer, w))
+        if k:
+            _put(out, n.wo_s, lw.wo_s)
+            out.update(_sliced(store, layer, k, cfg.head_dim, cache))
+    return out
+
+
+def dynamic_arrays(store: WeightStore, cfg: ModelConfig, cache: SliceCache) -> Arrays:
+    """The initializers of ``build_dynamic``: all but the sliced attention (and feed-forward) weights, fed per call.
+
+    The full-width attention weights (``l{l}.wqkv.k{H}`` ...) are initializers of the If branch that runs a
+    layer at all its heads: they are views of the store, and that branch's Gemms get prepacked. The full
+    feed-forward matrices (``l{l}.w1`` ...) are likewise prepacked, used by every budget (attention scope) or
+    by the If branch that runs a layer at all its neurons (whole-model budgets).
+    """
+    out = _shared(store, CLASSIFIER)
+    folded = folds_residual_biases(store.precision)
+    for layer, lw in enumerate(store.layers):
+        out.update(_full_ffn(store, layer))
+        _put(out, layer_names(layer).wo_s, lw.wo_s)
+        out.update(_norms(lw, layer, folded, last=layer == cfg.n_layers - 1))
+        out.update(_sliced(store, layer, cfg.n_heads, cfg.head_dim, cache))
+    return out
+
+
+def _idle(cfg: ModelConfig, precision: Precision, cache: SliceCache) -> tuple[_Idle, _Idle]:
+    """The zero head and the zero neuron (made once per engine)."""
+    d, dh, int8 = cfg.hidden_size, cfg.head_dim, precision == "int8"
+    wtype = np.int8 if int8 else np.float32
+    if cache.idle_heads is None:
+        cache.idle_heads = _Idle(w_in=np.zeros((d, 3 * dh) if int8 else (3 * dh, d), wtype),
+                                 w_out=np.zeros((dh, d), wtype), bias=np.zeros(3 * dh, np.float32),
+                                 scale=np.ones(3 * dh, np.float32), zero=np.zeros(1, np.int8))
+    if cache.idle_neurons is None:  # W1 is (I, D) wherever there are feed-forward budgets (weights.w1_by_rows)
+        cache.idle_neurons = _Idle(w_in=np.zeros((1, d), wtype), w_out=np.zeros((1, d), wtype),
+                                   bias=np.zeros(1, np.float32), scale=np.ones(1, np.float32),
+                                   zero=np.zeros(1, np.int8))
+    return cache.idle_heads, cache.idle_neurons
+
+
+def dynamic_feeds(store: WeightStore, cfg: ModelConfig, plan: ExecutionPlan, cache: SliceCache) -> Arrays:
+    """The per-call inputs of ``build_dynamic`` for ``plan`` (views of ``store`` or ``cache``).
+
+    A layer with no head gets one all-zero head: Q = K = V = 0 and a zero W_O slice, so it adds exactly b_O,
+    which is what the reference computes (one head's worth of wasted work, only in empty layers). A layer at
+    all its heads takes the If branch with prepacked weights and gets a one-head dummy input too. The
+    feed-forward block (whole-model budgets) does the same: a layer with no neuron gets one zero neuron
+    (GELU(0) = 0 times a zero W2 row: it adds exactly b2), and a full layer a one-neuron dummy.
+    """
+    dh, n_heads, full_width = cfg.head_dim, cfg.n_heads, cfg.intermediate_size
+    int8 = store.precision == "int8"
+    idle_heads, idle_neurons = _idle(cfg, store.precision, cache)
+    out: Arrays = {}
+    widths = plan.ffn_widths(full_width)
+    for layer, k in enumerate(plan.heads):
+        n = input_names(layer)
+        out[n.full] = np.array(k == n_heads)
+        if 0 < k < n_heads:
+            own = layer_names(layer, heads=k)
+            sliced = _sliced(store, layer, k, dh, cache)
+            out |= {n.wqkv: sliced[own.wqkv], n.bqkv: sliced[own.bqkv], n.wo: sliced[own.wo]}
+            if int8:
+                out[n.wqkv_s] = sliced[own.wqkv_s]
+        else:
+            out |= {n.wqkv: idle_heads.w_in, n.bqkv: idle_heads.bias, n.wo: idle_heads.w_out}
+            if int8:
+                out[n.wqkv_s] = idle_heads.scale
+        kk = k if 0 < k < n_heads else 1
+        out[n.heads] = np.array([kk, 3, dh], np.int64)
+        out[n.flat] = np.array([-1, kk * dh], np.int64)
+        if not cfg.ffn_groups:
+            continue
+        w = widths[layer]
+        out[n.ffn_full] = np.array(w == full_width)
+        if 0 < w < full_width:
+            own = layer_names(layer, neurons=w)
+            sliced = _ffn_sliced(store, layer, w)
+            out |= {n.w1: sliced[own.w1], n.b1: sliced[own.b1], n.w2: sliced[own.w2]}
+            if int8:
+                out[n.w1_s], out[n.w1_z] = sliced[own.w1_s], sliced[own.w1_z]
+        else:
+            out |= {n.w1: idle_neurons.w_in, n.b1: idle_neurons.bias, n.w2: idle_neurons.w_out}
+            if int8:
+                out[n.w1_s], out[n.w1_z] = idle_neurons.scale, idle_neurons.zero
+    return out
