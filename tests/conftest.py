@@ -74,10 +74,11 @@ def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str
 
 @pytest.fixture(scope="session")
 def smoke_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The `smoke` recipe trained end to end by the real CLI (tiny base, synthetic task), once per session."""
+    """The `smoke` recipe with the attention-only budget, trained end to end by the real CLI (tiny base,
+    synthetic task), once per session."""
     out = tmp_path_factory.mktemp("smoke") / "smoke"
-    proc = run_cli("train", "--base", "tiny", "--data", "synthetic", "--recipe", "smoke", "--out", str(out),
-                   "--device", "cpu")
+    proc = run_cli("train", "--base", "tiny", "--data", "synthetic", "--recipe", "smoke", "--scope", "attention",
+                   "--out", str(out), "--device", "cpu")
     assert proc.returncode == 0, proc.stderr[-2000:]
     return out
 

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from headbudget.commands.common import positive_int
+from headbudget.commands.common import CliError, positive_int
 from headbudget.models.config import MODEL_TYPES, SCOPES
+from headbudget.training.recipes import RECIPE_NAMES  # torch-free
+
+if TYPE_CHECKING:
+    from headbudget.training.trainer import RunConfig
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -15,17 +20,21 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="minilm, tiny, or a local Hugging Face folder: a BERT, RoBERTa, XLM-R or DistilBERT encoder, "
                         "or a fine-tuned sequence classifier of one (its labels matching the data skip the dense stage)")
     p.add_argument("--data", required=True, help="synthetic, a folder with train/test files, or a HF dataset name")
-    p.add_argument("--recipe", default="quick", choices=("smoke", "quick", "full"))
+    p.add_argument("--recipe", default="quick", choices=RECIPE_NAMES,
+                   help="smoke (tiny base, synthetic data), quick (minutes on a CPU), full (all the data), or "
+                        "release: full with the options and gate settings of the published checkpoint "
+                        "(--scope model --exits 3, dense-teacher sandwich stage 3 for 10 epochs)")
     p.add_argument("--model", default="budgeted", choices=MODEL_TYPES, help="model type")
     p.add_argument("--out", required=True, type=Path, help="checkpoint folder (resumes if it holds this run)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--structural", action="store_true", help="keep at least one head in every layer")
-    p.add_argument("--scope", default="attention", choices=SCOPES,
-                   help="what a budget spans: attention heads only (the published method), or the whole model "
-                        "(heads and feed-forward neuron groups, b = the fraction of multiply-adds)")
-    p.add_argument("--exits", default="", metavar="D[,D...]",
+    p.add_argument("--scope", default=None, choices=SCOPES,
+                   help="what a budget spans: the whole model (heads and feed-forward neuron groups, b = the "
+                        "fraction of multiply-adds; the default for budgeted models) or attention heads only "
+                        "(the adaptive model types' only scope)")
+    p.add_argument("--exits", default=None, metavar="D[,D...]",
                    help="layer skipping (--scope model): depths with an exit head; low budgets fill the layers "
-                        "below the first exit and stop there, e.g. --exits 3")
+                        "below the first exit and stop there, e.g. --exits 3 (default: the recipe's, else none)")
     p.add_argument("--text-column", default="text")
     p.add_argument("--label-column", default="label")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
@@ -36,26 +45,40 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    import torch
+def resolve(args: argparse.Namespace, device: str = "cpu") -> RunConfig:
+    """The run the parsed flags ask for: the recipe's preset, then --set and the gate flags over it."""
+    from dataclasses import replace
 
-    from headbudget.commands.common import CliError, parse_exits
-    from headbudget.training.recipes import get_recipe, parse_overrides
-    from headbudget.training.report import evaluate_checkpoint
-    from headbudget.training.trainer import RunConfig, train
+    from headbudget.commands.common import parse_exits
+    from headbudget.training.recipes import get_preset, parse_overrides
+    from headbudget.training.trainer import RunConfig
 
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         overrides = parse_overrides(args.overrides)
     except ValueError as e:
         raise CliError(str(e)) from None
-    exits = parse_exits(args.exits)
     if args.examples_per_stage:
         overrides["examples_per_stage"] = args.examples_per_stage
-    recipe = get_recipe(args.recipe, **overrides)
-    run_cfg = RunConfig(base=args.base, data=args.data, recipe=recipe, seed=args.seed, structural=args.structural,
-                        text_column=args.text_column, label_column=args.label_column, device=device,
-                        model_type=args.model, scope=args.scope, exits=exits)
+    preset = get_preset(args.recipe)
+    # A preset's gate settings are a budgeted model's; the adaptive types, and --structural, budget attention
+    # alone. Its exits come with its scope.
+    attention_only = args.model != "budgeted" or args.structural
+    scope = args.scope or ("attention" if attention_only else preset.scope)
+    exits = parse_exits(args.exits) if args.exits is not None else (preset.exits if scope == preset.scope else ())
+    return RunConfig(base=args.base, data=args.data, recipe=replace(preset.recipe, **overrides), seed=args.seed,
+                     structural=args.structural, text_column=args.text_column, label_column=args.label_column,
+                     device=device, model_type=args.model, scope=scope, exits=exits)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from headbudget.training.report import evaluate_checkpoint
+    from headbudget.training.trainer import train
+
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    run_cfg = resolve(args, device)
+    recipe = run_cfg.recipe
     out = train(run_cfg, args.out)
     if not args.no_sweep and args.model != "budgeted":
         from headbudget.training.adaptive_report import evaluate_adaptive

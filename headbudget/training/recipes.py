@@ -99,11 +99,42 @@ PRESETS: dict[str, Recipe] = {
 }
 
 
+@dataclass(frozen=True)
+class RunPreset:
+    """A recipe together with the gate settings it is trained with; ``headbudget train`` flags override them."""
+
+    recipe: Recipe
+    scope: str = "model"  # what a budget spans (GateConfig.scope): the whole model unless a flag says otherwise
+    exits: tuple[int, ...] = ()  # layer skipping: depths with an exit head (GateConfig.exits)
+
+
+# Named configurations of published checkpoints: one name reproduces one exactly. The recipe keeps the name of the
+# recipe it was trained from ("full" plus --set overrides), so a run of the preset has the identity, and resumes
+# the run folders, of the run it names.
+RUN_PRESETS: dict[str, RunPreset] = {
+    # The checkpoint behind the README's headline (AG News, MiniLM, seed 7); tests/training/test_presets.py
+    # checks every field against its committed record.
+    "release": RunPreset(
+        recipe=replace(PRESETS["full"], length_buckets=True, hard_teacher="dense", hard_epochs=10.0, sandwich=True,
+                       fused_sandwich=True),
+        scope="model", exits=(3,),
+    ),
+}
+RECIPE_NAMES: tuple[str, ...] = (*PRESETS, *RUN_PRESETS)
+
+
+def get_preset(name: str) -> RunPreset:
+    """A recipe name's preset: a run preset as it is, a plain recipe with the default gate settings."""
+    if name in RUN_PRESETS:
+        return RUN_PRESETS[name]
+    if name in PRESETS:
+        return RunPreset(PRESETS[name])
+    raise ValueError(f"unknown recipe {name!r}; choose one of {', '.join(RECIPE_NAMES)}")
+
+
 def get_recipe(name: str, **overrides: Any) -> Recipe:
-    """A preset by name, with optional field overrides."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown recipe {name!r}; choose one of {', '.join(PRESETS)}")
-    return replace(PRESETS[name], **overrides)
+    """A preset's recipe by name, with optional field overrides."""
+    return replace(get_preset(name).recipe, **overrides)
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:

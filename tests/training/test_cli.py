@@ -32,15 +32,15 @@ def test_smoke_trains_and_sweeps(smoke_checkpoint: Path) -> None:
 
 
 def test_resume_skips_finished_stages(smoke_checkpoint: Path) -> None:
-    proc = run_cli("train", "--base", "tiny", "--data", "synthetic", "--recipe", "smoke", "--out",
-                   str(smoke_checkpoint), "--device", "cpu", "--no-sweep")
+    proc = run_cli("train", "--base", "tiny", "--data", "synthetic", "--recipe", "smoke", "--scope", "attention",
+                   "--out", str(smoke_checkpoint), "--device", "cpu", "--no-sweep")
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("already done") == 3
 
 
 def test_resume_refuses_a_different_run(smoke_checkpoint: Path) -> None:
-    proc = run_cli("train", "--base", "tiny", "--data", "synthetic", "--recipe", "smoke", "--out",
-                   str(smoke_checkpoint), "--seed", "8", "--no-sweep")
+    proc = run_cli("train", "--base", "tiny", "--data", "synthetic", "--recipe", "smoke", "--scope", "attention",
+                   "--out", str(smoke_checkpoint), "--seed", "8", "--no-sweep")
     assert proc.returncode == 2 and "holds a different run" in proc.stderr
     assert "Traceback" not in proc.stderr
 

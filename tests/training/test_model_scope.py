@@ -43,7 +43,7 @@ def test_model_scope_resumes_and_an_attention_run_may_not_reuse_its_folder(
                    "--out", str(smoke_model_scope_checkpoint), "--device", "cpu", "--no-sweep")
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("already done") == 3
-    other = run_cli("train", "--base", "tiny", "--data", "synthetic", "--recipe", "smoke",
+    other = run_cli("train", "--base", "tiny", "--data", "synthetic", "--recipe", "smoke", "--scope", "attention",
                     "--out", str(smoke_model_scope_checkpoint), "--device", "cpu", "--no-sweep")
     assert other.returncode != 0 and "different run" in other.stderr
 

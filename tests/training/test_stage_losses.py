@@ -145,7 +145,7 @@ def test_a_smoke_run_with_exits_trains_its_exit_heads_and_stops_low_budgets_ther
 @pytest.mark.parametrize("args,message", [
     (("--scope", "model", "--exits", "2"), "below n_layers"),
     (("--scope", "model", "--exits", "x"), "--exits"),
-    (("--exits", "1"), "whole-model scope"),
+    (("--scope", "attention", "--exits", "1"), "whole-model scope"),
 ])
 def test_bad_exits_are_one_line_errors(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
     proc = run_cli("train", "--base", "tiny", "--data", "synthetic", "--recipe", "smoke", *args,
