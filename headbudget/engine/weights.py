@@ -207,11 +207,12 @@ def _pack_layer(state: Arrays, cfg: ModelConfig, layer: int, heads: np.ndarray, 
     rows = w1_by_rows(cfg)
     w1 = np.ascontiguousarray(w1 if rows else w1.T)
     w2 = np.ascontiguousarray(w2.T)
-    plain = {"bqkv": bqkv, "bo": state[p + "attention.output.bias"], "b1": b1, "b2": state[p + "ffn_out.bias"],
-             "ln1_g": state[p + "attn_norm.weight"], "ln1_b": state[p + "attn_norm.bias"],
-             "ln2_g": state[p + "ffn_norm.weight"], "ln2_b": state[p + "ffn_norm.bias"]}
+    fp32 = LayerWeights(wqkv=np.ascontiguousarray(qkv), bqkv=bqkv, wo=wo, bo=state[p + "attention.output.bias"],
+                        w1=w1, b1=b1, w2=w2, b2=state[p + "ffn_out.bias"],
+                        ln1_g=state[p + "attn_norm.weight"], ln1_b=state[p + "attn_norm.bias"],
+                        ln2_g=state[p + "ffn_norm.weight"], ln2_b=state[p + "ffn_norm.bias"])
     if precision != "int8":
-        return LayerWeights(wqkv=np.ascontiguousarray(qkv), wo=wo, w1=w1, w2=w2, **plain)
+        return fp32
     # (D, H*3*dh), so a head prefix is a column copy per (layer, k) (engine slice cache, ~11 MB on MiniLM
     # over 19 budgets). Rows + QGemm as for W1 was measured (A/B, three alternating processes per tree,
     # 40 AG News texts): +2-3% at every budget for those 11 MB; memory is within 2x without it.
@@ -223,7 +224,7 @@ def _pack_layer(state: Arrays, cfg: ModelConfig, layer: int, heads: np.ndarray, 
     else:
         w1, w1_s = quantize_columns(w1)
     w2, w2_s = quantize_columns(w2)
-    return LayerWeights(wqkv=wqkv, wo=wo, w1=w1, w2=w2, wqkv_s=wqkv_s, wo_s=wo_s, w1_s=w1_s, w2_s=w2_s, **plain)
+    return replace(fp32, wqkv=wqkv, wo=wo, w1=w1, w2=w2, wqkv_s=wqkv_s, wo_s=wo_s, w1_s=w1_s, w2_s=w2_s)
 
 
 def folds_residual_biases(precision: Precision) -> bool:
