@@ -145,6 +145,9 @@ def run_stage(
     torch.manual_seed(seed)
     best, best_state, history = -1.0, copy.deepcopy(model.state_dict()), []
     bar = tqdm(total=steps, desc=f"{stage:>6}", mininterval=2.0, dynamic_ncols=True)
+    # The bar shows a budget only where the loss takes one: the dense and adapt stages draw one they never use
+    # (the draw stays, so that a run's random stream, hence its result, is what it was).
+    shows_budget = adaptive is None and stage != "dense"
     step = 0
     model.train()
     while step < steps:
@@ -164,7 +167,8 @@ def run_stage(
             sched.step()
             step += 1
             bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}", b=f"{b:.2f}", val=f"{max(best, 0):.3f}", refresh=False)
+            bar.set_postfix(loss=f"{loss.item():.3f}", **({"b": f"{b:.2f}"} if shows_budget else {}),
+                            val=f"{max(best, 0):.3f}", refresh=False)
             if step % eval_every == 0 or step == steps:
                 # An adaptive model is evaluated as served: its plain forward runs at progress 1.0 (final
                 # temperature) and eval mode adds no noise.
