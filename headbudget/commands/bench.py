@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from headbudget.commands.common import CliError, existing_dir, positive_int
+from headbudget.engine.types import DEFAULT_PRECISION
 
 
 def register(subparsers: Any) -> None:
@@ -19,7 +20,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seq-len", type=positive_int, default=128)
     p.add_argument("--batch-size", type=positive_int, default=1)
     p.add_argument("--data", type=existing_dir, help="folder with test.csv/train.csv: sample real text lengths")
-    p.add_argument("--precision", choices=["fp32", "int8"], default="fp32")
+    p.add_argument("--precision", choices=["fp32", "int8"], default=DEFAULT_PRECISION,
+                   help=f"the engine to time, against ONNX Runtime's dense export of the same precision (default "
+                        f"{DEFAULT_PRECISION}, as serve)")
     p.add_argument("--repeats", type=positive_int, default=30)
     p.add_argument("--no-memory", action="store_true", help="skip the resident-memory comparison")
     p.add_argument("--cache", choices=["cold", "warm", "steady"], default="cold",

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from headbudget.commands.common import CliError, existing_dir, positive_int, refuse_standin
+from headbudget.engine.types import DEFAULT_PRECISION
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +32,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--workers", type=positive_int, help="uvicorn worker processes (default 1)")
     p.add_argument("--backend", choices=["onnxruntime", "torch"], help="default onnxruntime")
     p.add_argument("--precision", choices=["fp32", "int8"],
-                   help="default int8 where the checkpoint and backend have an int8 engine (budgeted checkpoints "
-                        "on onnxruntime), else fp32")
+                   help=f"default {DEFAULT_PRECISION} where the checkpoint and backend have an int8 engine "
+                        "(budgeted checkpoints on onnxruntime), else fp32")
     p.add_argument("--threads", type=positive_int, help="intra-op threads per worker's engine (default 1)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
     p.add_argument("--allow-standin", action="store_true",
@@ -44,14 +45,14 @@ def register(subparsers: Any) -> None:
 
 
 def default_precision(model_dir: Path, backend: str) -> str:
-    """int8 where there is an int8 engine (a budgeted checkpoint on onnxruntime; docs/results.md, 'Latency per
-    budget': as accurate as fp32 within 0.16 points and 2.5x faster), else fp32 (the torch backend, the
-    adaptive types)."""
+    """DEFAULT_PRECISION (int8) where there is an int8 engine (a budgeted checkpoint on onnxruntime;
+    docs/results.md, 'Latency per budget': as accurate as fp32 within 0.16 points and 2.5x faster), else fp32
+    (the torch backend, the adaptive types)."""
     from headbudget.engine.weights import checkpoint_config
     from headbudget.models.model_types import model_type
 
     _, cfg = checkpoint_config(model_dir)
-    return "int8" if backend == "onnxruntime" and model_type(cfg.model_type).static_plans else "fp32"
+    return DEFAULT_PRECISION if backend == "onnxruntime" and model_type(cfg.model_type).static_plans else "fp32"
 
 
 def _needs_torch(model_dir: Path, backend: str) -> bool:

@@ -13,7 +13,7 @@ from headbudget.cli import main
 def test_bench_writes_the_documented_fields(tiny_checkpoint: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     assert main(["bench", "--model", str(tiny_checkpoint), "--seq-len", "16", "--repeats", "2", "--no-memory",
-                 "--out", str(out)]) == 0
+                 "--precision", "fp32", "--out", str(out)]) == 0
     r = json.loads(out.read_text())
     for key in ("seq_len", "batch_size", "threads", "precision", "cpu", "rows", "peers", "max_abs_logit_diff",
                 "rss_mb", "overhead", "overhead_ms"):
