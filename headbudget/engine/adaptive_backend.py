@@ -31,6 +31,7 @@ from headbudget.engine.adaptive_cost import Usage, plan_macs, span_block, span_b
 from headbudget.engine.adaptive_types import Group, Layout, Plan, Weights, segment_mean, type_path
 from headbudget.engine.base import EngineBase, check_budget, check_texts, softmax
 from headbudget.engine.errors import ModelLoadError
+from headbudget.engine.precision import PRECISIONS
 from headbudget.engine.types import BatchResult, EngineOptions, ExecutionPlan, ModelInfo, Prediction
 from headbudget.models.adaptive import AdaptiveAttention, AdaptiveClassifier
 from headbudget.models.checkpoint import load_checkpoint
@@ -99,7 +100,8 @@ class AdaptiveEngine(EngineBase):
     """Engine over a BudgetFormer, span or AdaAttention checkpoint; fp32, PyTorch, one intra-op thread."""
 
     def __init__(self, model_dir: Path, options: EngineOptions, info: ModelInfo) -> None:
-        if options.precision != "fp32":
+        spec = PRECISIONS.get(options.precision)
+        if spec is None or not spec.torch_engines:
             raise ModelLoadError(f"{model_dir}: {info.model_type} checkpoints run on the fp32 adaptive torch path "
                                  f"only; precision {options.precision!r} is not available for them")
         try:

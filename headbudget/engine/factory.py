@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 from headbudget.engine.artifacts import BenchRecord, SweepRecord
 from headbudget.engine.decider import read_decider
 from headbudget.engine.errors import ModelLoadError
+from headbudget.engine.precision import PRECISIONS
 from headbudget.engine.protocol import Engine
 from headbudget.engine.types import EngineOptions, ModelInfo
 from headbudget.engine.weights import checkpoint_config, checkpoint_digest
@@ -83,7 +84,8 @@ def _load_adaptive(model_dir: Path, options: EngineOptions, info: ModelInfo) -> 
     ONNX graphs (one per head mask) cannot express. fp32 onnxruntime is served by it with a log line; int8 fails."""
     if options.backend not in ("onnxruntime", "torch"):
         raise ModelLoadError(f"unknown backend {options.backend!r} (onnxruntime or torch)")
-    if options.precision != "fp32":
+    spec = PRECISIONS.get(options.precision)
+    if spec is None or not spec.torch_engines:
         raise ModelLoadError(f"{model_dir}: {info.model_type} checkpoints have no {options.precision} path; "
                              "use precision fp32 (they run on the adaptive PyTorch engine)")
     if options.backend == "onnxruntime":

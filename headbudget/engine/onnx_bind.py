@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from headbudget.engine.precision import PRECISIONS
 from headbudget.engine.store import (
     CLASSIFIER,
     EMBEDDINGS,
@@ -26,8 +27,6 @@ from headbudget.engine.store import (
     input_names,
     layer_names,
 )
-from headbudget.engine.types import Precision
-from headbudget.engine.weights import folds_residual_biases
 from headbudget.models.config import ModelConfig
 from headbudget.models.plan import ExecutionPlan
 
@@ -36,10 +35,10 @@ from headbudget.models.plan import ExecutionPlan
 class _Idle:
     """Per-call inputs for one zero unit: what a layer is fed when its prefix branch runs no slice of its own."""
 
-    w_in: np.ndarray  # one zero head's Q/K/V, (3*dh, D) fp32 or (D, 3*dh) int8; or one zero W1 row, (1, D)
+    w_in: np.ndarray  # one zero head's Q/K/V, (3*dh, D) or by columns (D, 3*dh); or one zero W1 row, (1, D)
     bias: np.ndarray  # zeros: (3*dh,), or (1,)
     w_out: np.ndarray  # one zero head's W_O rows, (dh, D); or one zero W2 row, (1, D)
-    scale: np.ndarray  # ones, int8's scales of w_in
+    scale: np.ndarray  # ones: quantized w_in's scales
     zero: np.ndarray  # int8 W1's zero point, (1,) (feed-forward only)
 
 
@@ -68,7 +67,7 @@ def _shared(store: WeightStore, head: str) -> Arrays:
     """Initializers outside the layers: embeddings (int8 adds the word table's scales), the answering head
     (``CLASSIFIER`` or an exit's), a pooler's layer."""
     emb, e = store.embeddings, EMBEDDINGS
-    beta = (e.emb_bf, emb.emb_bf) if folds_residual_biases(store.precision) else (e.emb_b, emb.emb_b)
+    beta = (e.emb_bf, emb.emb_bf) if PRECISIONS[store.precision].folds_residual_biases else (e.emb_b, emb.emb_b)
     out: Arrays = {e.word: emb.word, e.pos_tt: emb.pos_tt, e.emb_g: emb.emb_g}
     _put(out, *beta)
     for prefix in (head, POOLER):
@@ -103,14 +102,14 @@ def _sliced(store: WeightStore, layer: int, k: int, dh: int, cache: SliceCache) 
     """The arrays of one attention block at k heads; fp32 ones are views, int8 Q/K/V column slices copies."""
     lw, n, w = store.layers[layer], layer_names(layer, heads=k), k * dh
     out: Arrays = {n.bqkv: lw.bqkv[: 3 * w], n.wo: lw.wo[:w]}
-    if lw.wqkv_s is not None:
+    if PRECISIONS[store.precision].qkv_by_columns:
         # A (D, 3*H*dh) column prefix is not contiguous: one copy per (layer, k), shared by every session.
         if (layer, k) not in cache.qkv:
             cache.qkv[layer, k] = np.ascontiguousarray(lw.wqkv[:, : 3 * w])
         out[n.wqkv] = cache.qkv[layer, k]
-        out[n.wqkv_s] = lw.wqkv_s[: 3 * w]
     else:
         out[n.wqkv] = lw.wqkv[: 3 * w]  # (3*k*dh, D) row prefix: a view
+    _put(out, n.wqkv_s, None if lw.wqkv_s is None else lw.wqkv_s[: 3 * w])
     return out
 
 
@@ -128,7 +127,7 @@ def bind(store: WeightStore, cfg: ModelConfig, plan: ExecutionPlan, cache: Slice
     """Every initializer the graph for ``plan`` names, as arrays backed by ``store`` (or ``cache``)."""
     # A plan that stops at an exit answers with that exit's head.
     out = _shared(store, CLASSIFIER if plan.depth is None else exit_head(plan.depth))
-    folded, run = folds_residual_biases(store.precision), run_layers(cfg, plan)
+    folded, run = PRECISIONS[store.precision].folds_residual_biases, run_layers(cfg, plan)
     for layer, (k, w) in enumerate(run):
         lw, n = store.layers[layer], layer_names(layer)
         out.update(_norms(lw, layer, folded, last=layer == len(run) - 1))
@@ -152,7 +151,7 @@ def dynamic_arrays(store: WeightStore, cfg: ModelConfig, cache: SliceCache) -> A
     by the If branch that runs a layer at all its neurons (whole-model budgets).
     """
     out = _shared(store, CLASSIFIER)
-    folded = folds_residual_biases(store.precision)
+    folded = PRECISIONS[store.precision].folds_residual_biases
     for layer, lw in enumerate(store.layers):
         out.update(_full_ffn(store, layer))
         _put(out, layer_names(layer).wo_s, lw.wo_s)
@@ -161,12 +160,12 @@ def dynamic_arrays(store: WeightStore, cfg: ModelConfig, cache: SliceCache) -> A
     return out
 
 
-def _idle(cfg: ModelConfig, precision: Precision, cache: SliceCache) -> tuple[_Idle, _Idle]:
+def _idle(cfg: ModelConfig, store: WeightStore, cache: SliceCache) -> tuple[_Idle, _Idle]:
     """The zero head and the zero neuron (made once per engine)."""
-    d, dh, int8 = cfg.hidden_size, cfg.head_dim, precision == "int8"
-    wtype = np.int8 if int8 else np.float32
+    d, dh, spec = cfg.hidden_size, cfg.head_dim, PRECISIONS[store.precision]
+    wtype = spec.weight_dtype
     if cache.idle_heads is None:
-        cache.idle_heads = _Idle(w_in=np.zeros((d, 3 * dh) if int8 else (3 * dh, d), wtype),
+        cache.idle_heads = _Idle(w_in=np.zeros((d, 3 * dh) if spec.qkv_by_columns else (3 * dh, d), wtype),
                                  w_out=np.zeros((dh, d), wtype), bias=np.zeros(3 * dh, np.float32),
                                  scale=np.ones(3 * dh, np.float32), zero=np.zeros(1, np.int8))
     if cache.idle_neurons is None:  # W1 is (I, D) wherever there are feed-forward budgets (weights.w1_by_rows)
@@ -186,8 +185,8 @@ def dynamic_feeds(store: WeightStore, cfg: ModelConfig, plan: ExecutionPlan, cac
     (GELU(0) = 0 times a zero W2 row: it adds exactly b2), and a full layer a one-neuron dummy.
     """
     dh, n_heads, full_width = cfg.head_dim, cfg.n_heads, cfg.intermediate_size
-    int8 = store.precision == "int8"
-    idle_heads, idle_neurons = _idle(cfg, store.precision, cache)
+    quantized = PRECISIONS[store.precision].quantized
+    idle_heads, idle_neurons = _idle(cfg, store, cache)
     out: Arrays = {}
     widths = plan.ffn_widths(full_width)
     for layer, k in enumerate(plan.heads):
@@ -197,11 +196,11 @@ def dynamic_feeds(store: WeightStore, cfg: ModelConfig, plan: ExecutionPlan, cac
             own = layer_names(layer, heads=k)
             sliced = _sliced(store, layer, k, dh, cache)
             out |= {n.wqkv: sliced[own.wqkv], n.bqkv: sliced[own.bqkv], n.wo: sliced[own.wo]}
-            if int8:
+            if quantized:
                 out[n.wqkv_s] = sliced[own.wqkv_s]
         else:
             out |= {n.wqkv: idle_heads.w_in, n.bqkv: idle_heads.bias, n.wo: idle_heads.w_out}
-            if int8:
+            if quantized:
                 out[n.wqkv_s] = idle_heads.scale
         kk = k if 0 < k < n_heads else 1
         out[n.heads] = np.array([kk, 3, dh], np.int64)
@@ -214,10 +213,10 @@ def dynamic_feeds(store: WeightStore, cfg: ModelConfig, plan: ExecutionPlan, cac
             own = layer_names(layer, neurons=w)
             sliced = _ffn_sliced(store, layer, w)
             out |= {n.w1: sliced[own.w1], n.b1: sliced[own.b1], n.w2: sliced[own.w2]}
-            if int8:
+            if quantized:
                 out[n.w1_s], out[n.w1_z] = sliced[own.w1_s], sliced[own.w1_z]
         else:
             out |= {n.w1: idle_neurons.w_in, n.b1: idle_neurons.bias, n.w2: idle_neurons.w_out}
-            if int8:
+            if quantized:
                 out[n.w1_s], out[n.w1_z] = idle_neurons.scale, idle_neurons.zero
     return out

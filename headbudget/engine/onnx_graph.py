@@ -26,6 +26,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from headbudget.engine.onnx_bind import run_layers
+from headbudget.engine.precision import PRECISIONS
 from headbudget.engine.store import (
     CLASSIFIER,
     EMBEDDINGS,
@@ -38,7 +39,7 @@ from headbudget.engine.store import (
     layer_names,
 )
 from headbudget.engine.types import Precision
-from headbudget.engine.weights import folds_residual_biases, w1_by_rows
+from headbudget.engine.weights import w1_by_rows
 from headbudget.models.config import ModelConfig
 from headbudget.models.plan import ExecutionPlan
 
@@ -54,20 +55,20 @@ _NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int8): Tenso
 
 def _emb_beta(precision: Precision) -> str:
     """The embedding norm's beta: folded stores' carries layer 0's b_O (weights.fold_residual_biases)."""
-    return EMBEDDINGS.emb_bf if folds_residual_biases(precision) else EMBEDDINGS.emb_b
+    return EMBEDDINGS.emb_bf if PRECISIONS[precision].folds_residual_biases else EMBEDDINGS.emb_b
 
 
 def _ln2_beta(names: LayerNames, precision: Precision, last: bool) -> str:
     """A layer's last norm's beta: folded stores' carries the next layer's b_O, unless the output is pooled."""
-    return names.ln2_bf if folds_residual_biases(precision) and not last else names.ln2_b
+    return names.ln2_bf if PRECISIONS[precision].folds_residual_biases and not last else names.ln2_b
 
 
 class _Graph:
     """Accumulates nodes; one method per building block. Hidden states are kept 2-D, (B*N, D)."""
 
     def __init__(self, cfg: ModelConfig, precision: Precision) -> None:
-        self.cfg, self.precision = cfg, precision
-        self.fold = folds_residual_biases(precision)  # the residual is then the second Gemm's C input
+        self.cfg, self.precision, self.spec = cfg, precision, PRECISIONS[precision]
+        self.fold = self.spec.folds_residual_biases  # the residual is then the second Gemm's C input
         self.nodes: list[onnx.NodeProto] = []
         self.count = 0
 
@@ -84,9 +85,9 @@ class _Graph:
         return name
 
     def linear(self, x: str, w: str, bias: str, scale: str, trans_b: bool = False) -> str:
-        """x @ W + b for 2-D x; int8 W is (K, N) with one scale per column, fp32 W is (N, K) when trans_b."""
-        if self.precision == "int8":
-            assert not trans_b, "int8 (N, K) weights go through rows_int8"
+        """x @ W + b for 2-D x; quantized W is (K, N) with one scale per column, fp32 W is (N, K) when trans_b."""
+        if self.spec.quantized:
+            assert not trans_b, "quantized (N, K) weights go through rows_int8"
             return self.op("DynamicQuantizeMatMul", [x, w, scale, "", bias], domain=MS)
         return self.op("Gemm", [x, w, bias], transB=int(trans_b))
 
@@ -132,9 +133,8 @@ class _Graph:
         own, dh = layer_names(layer), self.cfg.head_dim
         if k == 0:  # fp32: x already carries b_O (weights.fold_residual_biases)
             return self.norm(x if self.fold else self.op("Add", [own.bo, x]), own.ln1_g, own.ln1_b)
-        fp32 = self.precision == "fp32"
         n = input_names(layer) if k is None else layer_names(layer, heads=k)
-        qkv = self.linear(x, n.wqkv, n.bqkv, n.wqkv_s, trans_b=fp32)  # (B*N, 3*k*dh)
+        qkv = self.linear(x, n.wqkv, n.bqkv, n.wqkv_s, trans_b=not self.spec.qkv_by_columns)  # (B*N, 3*k*dh)
         heads = n.heads if k is None else self.const(n.heads, np.array([k, 3, dh], np.int64))
         qkv = self.op("Reshape", [qkv, self.op("Concat", [bn, heads], axis=0)])  # (B, N, k, 3, dh)
         qkv = self.op("Transpose", [qkv], perm=[3, 0, 2, 1, 4])  # (3, B, k, N, dh)
@@ -162,7 +162,7 @@ class _Graph:
         n = input_names(layer) if w is None else layer_names(
             layer, neurons=None if w == self.cfg.intermediate_size else w)
         rows = w1_by_rows(self.cfg)
-        if rows and self.precision == "int8":  # the bias rides in BiasGelu: no Add over (B*N, w)
+        if rows and self.spec.quantized:  # the bias rides in BiasGelu: no Add over (B*N, w)
             h = self.op("BiasGelu", [self.rows_int8(x, n.w1, n.w1_s, n.w1_z), n.b1], domain=MS)  # (B*N, w)
         else:
             h = self.op("Gelu", [self.linear(x, n.w1, n.b1, n.w1_s, trans_b=rows)], domain=MS)  # (B*N, w)
@@ -178,8 +178,8 @@ class _Graph:
         return self.op("Reshape", [x, self.const("flat_d", np.array([-1, self.cfg.hidden_size], np.int64))])
 
     def word(self, ids: str) -> str:
-        """Word vectors (B, N, D); int8: gathered int8 rows times their gathered scales (B, N, 1)."""
-        if self.precision == "int8":
+        """Word vectors (B, N, D); quantized: gathered int8 rows times their gathered scales (B, N, 1)."""
+        if self.spec.quantized:
             rows = self.op("Cast", [self.op("Gather", [EMBEDDINGS.word, ids])], to=TensorProto.FLOAT)
             return self.op("Mul", [rows, self.op("Gather", [EMBEDDINGS.word_s, ids])])
         return self.op("Gather", [EMBEDDINGS.word, ids])
@@ -280,13 +280,14 @@ def build_dynamic(cfg: ModelConfig, precision: Precision, arrays: Arrays) -> onn
     bias = g.mask_bias("attention_mask")
     x = g.embed("input_ids")
     inputs = [_IDS, _MASK]
-    wtype = TensorProto.INT8 if precision == "int8" else TensorProto.FLOAT
+    spec = PRECISIONS[precision]
+    wtype = _NP_TO_ONNX[np.dtype(spec.weight_dtype)]
     for layer in range(cfg.n_layers):
         n, info = input_names(layer), helper.make_tensor_value_info
         inputs += [info(n.full, TensorProto.BOOL, []), info(n.wqkv, wtype, [None, None]),
                    info(n.bqkv, TensorProto.FLOAT, [None]), info(n.wo, wtype, [None, cfg.hidden_size]),
                    info(n.heads, TensorProto.INT64, [3]), info(n.flat, TensorProto.INT64, [2])]
-        if precision == "int8":
+        if spec.quantized:
             inputs.append(info(n.wqkv_s, TensorProto.FLOAT, [None]))
         h = x
         x = g.switch(n.full, partial(_Graph.attention, x=h, bn=bn, bias=bias, layer=layer, k=cfg.n_heads),
@@ -298,7 +299,7 @@ def build_dynamic(cfg: ModelConfig, precision: Precision, arrays: Arrays) -> onn
         inputs += [info(n.ffn_full, TensorProto.BOOL, []),
                    info(n.w1, wtype, [None, cfg.hidden_size]),  # (w, D) rows
                    info(n.b1, TensorProto.FLOAT, [None]), info(n.w2, wtype, [None, cfg.hidden_size])]
-        if precision == "int8":
+        if spec.quantized:
             inputs += [info(n.w1_s, TensorProto.FLOAT, [None]), info(n.w1_z, TensorProto.INT8, [None])]
         h = x
         x = g.switch(n.ffn_full, partial(_Graph.ffn, x=h, layer=layer, w=cfg.intermediate_size, last=last),

@@ -14,6 +14,7 @@ import torch
 
 from headbudget.engine.base import EngineBase
 from headbudget.engine.errors import ModelLoadError
+from headbudget.engine.precision import PRECISIONS
 from headbudget.engine.store import Embeddings
 from headbudget.engine.types import EngineOptions, ExecutionPlan, ModelInfo
 from headbudget.models.checkpoint import load_checkpoint
@@ -24,7 +25,8 @@ class TorchEngine(EngineBase):
     """Engine over ``BudgetedClassifier`` in eval mode, no grad."""
 
     def __init__(self, model_dir: Path, options: EngineOptions, info: ModelInfo) -> None:
-        if options.precision != "fp32":
+        spec = PRECISIONS.get(options.precision)
+        if spec is None or not spec.torch_engines:
             raise ModelLoadError("the torch backend is the fp32 reference; use backend 'onnxruntime' for int8")
         try:
             self.model, _ = load_checkpoint(Path(model_dir))

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from headbudget.engine.errors import ModelLoadError
+from headbudget.engine.precision import PRECISIONS
 from headbudget.engine.store import Arrays, Embeddings, Head, LayerWeights, WeightStore
 from headbudget.engine.types import Precision
 from headbudget.models.budget import GateParams
@@ -158,10 +159,10 @@ def pack(state: Arrays, cfg: ModelConfig, policy: BudgetPolicy, precision: Preci
     ``policy`` gives the per-layer head order (``perms``) and, for whole-model budgets, the neuron order
     (``neuron_perms``); attention-scope checkpoints keep their neurons in place.
     """
-    e = "encoder.embeddings."
+    e, quantized = "encoder.embeddings.", PRECISIONS[precision].quantized
     neuron_perms = policy.neuron_perms if cfg.gate.scope == "model" else None
     word, word_s, w1_z = state[e + "word.weight"], None, None
-    if precision == "int8":
+    if quantized:
         # The word table is most of the model (30522 x 384 fp32 = 47 MB for MiniLM): int8 rows with one
         # scale each, dequantized after the Gather (only the B*N gathered rows), as quantize_dynamic does.
         word, word_s = quantize_rows(word)
@@ -173,7 +174,7 @@ def pack(state: Arrays, cfg: ModelConfig, policy: BudgetPolicy, precision: Preci
         embeddings=Embeddings(word=word, word_s=word_s, emb_g=state[e + "norm.weight"], emb_b=state[e + "norm.bias"],
                               pos_tt=state[e + "position.weight"] + state[e + "token_type.weight"][0]),
         layers=tuple(_pack_layer(state, cfg, layer, policy.perms[layer],
-                                 None if neuron_perms is None else neuron_perms[layer], precision)
+                                 None if neuron_perms is None else neuron_perms[layer], quantized)
                      for layer in range(cfg.n_layers)),
         classifier=Head(state["classifier.weight"], state["classifier.bias"]),
         pooler=Head(state["pooler.weight"], state["pooler.bias"]) if cfg.pooler != "none" else None,
@@ -181,13 +182,13 @@ def pack(state: Arrays, cfg: ModelConfig, policy: BudgetPolicy, precision: Preci
         exits={depth: Head(state[f"exits.{i}.weight"], state[f"exits.{i}.bias"])
                for i, depth in enumerate(cfg.gate.exits)},
         w1_z=w1_z)
-    if folds_residual_biases(precision):
+    if PRECISIONS[precision].folds_residual_biases:
         store = fold_residual_biases(store, cfg)
     return store.contiguous()
 
 
 def _pack_layer(state: Arrays, cfg: ModelConfig, layer: int, heads: np.ndarray, neurons: np.ndarray | None,
-                precision: Precision) -> LayerWeights:
+                quantized: bool) -> LayerWeights:
     """One layer of ``pack``: ``heads`` (H,) and ``neurons`` (I,) in rank order (None: in place), transposed,
     maybe quantized."""
     p, dh, h = f"encoder.layers.{layer}.", cfg.head_dim, cfg.n_heads
@@ -211,7 +212,7 @@ def _pack_layer(state: Arrays, cfg: ModelConfig, layer: int, heads: np.ndarray, 
                         w1=w1, b1=b1, w2=w2, b2=state[p + "ffn_out.bias"],
                         ln1_g=state[p + "attn_norm.weight"], ln1_b=state[p + "attn_norm.bias"],
                         ln2_g=state[p + "ffn_norm.weight"], ln2_b=state[p + "ffn_norm.bias"])
-    if precision != "int8":
+    if not quantized:
         return fp32
     # (D, H*3*dh), so a head prefix is a column copy per (layer, k) (engine slice cache, ~11 MB on MiniLM
     # over 19 budgets). Rows + QGemm as for W1 was measured (A/B, three alternating processes per tree,
@@ -225,12 +226,6 @@ def _pack_layer(state: Arrays, cfg: ModelConfig, layer: int, heads: np.ndarray, 
         w1, w1_s = quantize_columns(w1)
     w2, w2_s = quantize_columns(w2)
     return replace(fp32, wqkv=wqkv, wo=wo, w1=w1, w2=w2, wqkv_s=wqkv_s, wo_s=wo_s, w1_s=w1_s, w2_s=w2_s)
-
-
-def folds_residual_biases(precision: Precision) -> bool:
-    """Whether a store of ``precision`` holds folded biases (and its graphs add no residual): fp32 only, since
-    int8's DynamicQuantizeMatMul has no C input to carry the residual."""
-    return precision == "fp32"
 
 
 def fold_residual_biases(store: WeightStore, cfg: ModelConfig) -> WeightStore:

@@ -1,0 +1,41 @@
+"""What each precision changes, in one table: the weight store's layout, the graphs' operators, the backends.
+
+Code asks ``PRECISIONS[precision]`` what to do; nothing else compares a precision's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import numpy as np
+
+from headbudget.engine.types import Precision
+
+
+@dataclass(frozen=True)
+class PrecisionSpec:
+    """One precision's behaviour."""
+
+    # Weight matrices symmetric int8 with one scale per output column (per neuron for W1 stored as rows) and
+    # the word table int8 rows with one scale each (weights.pack); the graphs quantize activations per call
+    # (DynamicQuantizeMatMul, or DynamicQuantizeLinear + QGemm over W1 rows).
+    quantized: bool
+    # Block output biases folded into the norms (weights.fold_residual_biases), so a block's second Gemm adds
+    # the residual as its C input. DynamicQuantizeMatMul has no C input: quantized stores stay plain.
+    folds_residual_biases: bool
+    # Q/K/V stored (D, H*3*dh), the (K, N) layout DynamicQuantizeMatMul wants: a head prefix is then a column
+    # copy, one per (layer, heads) shared by all sessions (onnx_bind.SliceCache). Otherwise (H*3*dh, D), a head
+    # prefix is a row view and the Gemm runs with transB=1.
+    qkv_by_columns: bool
+    weight_dtype: type[np.generic]  # of the stored matrices (biases, norms and scales are float32)
+    torch_engines: bool  # the PyTorch engines (the reference and the adaptive fast path) run it
+
+
+PRECISIONS: Mapping[Precision, PrecisionSpec] = MappingProxyType({
+    "fp32": PrecisionSpec(quantized=False, folds_residual_biases=True, qkv_by_columns=False,
+                          weight_dtype=np.float32, torch_engines=True),
+    "int8": PrecisionSpec(quantized=True, folds_residual_biases=False, qkv_by_columns=True,
+                          weight_dtype=np.int8, torch_engines=False),
+})
