@@ -99,13 +99,14 @@ def run(args: argparse.Namespace) -> int:
     defaulted = precision is None
     if precision is None:
         precision = default_precision(model, backend)
+    log_level = option("log_level")
     settings = ServeSettings(model_dir=model.resolve(), config_path=option("config").resolve(), backend=backend,
-                             precision=precision, threads=option("threads"))
+                             precision=precision, threads=option("threads"), log_level=log_level)
     try:
         load_config(settings.config_path)  # a bad file or variable is refused before anything else is said
         if defaulted:
             log.info("precision %s (the default for this checkpoint and backend; --precision to change)", precision)
         return serve(settings, host=option("host"), port=port, workers=option("workers"),
-                     print_curl=args.print_curl, log_level=option("log_level"))
+                     print_curl=args.print_curl, log_level=log_level)
     except ConfigError as e:
         raise CliError(str(e)) from None

@@ -88,9 +88,9 @@ def app_from_env() -> FastAPI:
     """uvicorn's factory for `headbudget serve`: settings from HEADBUDGET_SERVE, config from its file."""
     from headbudget.service.logs import configure_logging
 
-    configure_logging()
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the loop's handler is installed at start-up
     settings = ServeSettings.from_env()
+    configure_logging(settings.log_level.upper())  # `serve --log-level`, parsed once by the command
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the loop's handler is installed at start-up
     config = load_config(settings.config_path)
     # The tiers' default budgets are what most requests run at: they get prepacked sessions (EngineOptions).
     return create_app(config, default_engine_factory(settings, config.default_budgets()), config_path=settings.config_path,

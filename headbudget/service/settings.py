@@ -272,6 +272,7 @@ class ServeSettings(BaseModel):
     backend: Backend = "onnxruntime"
     precision: Precision = "int8"  # `headbudget serve` picks fp32 where int8 has no engine
     threads: Annotated[int, Field(ge=1)] = 1
+    log_level: Literal["debug", "info", "warning", "error"] = "info"  # every process's, workers' included
     extra_key_hashes: dict[str, str] = {}  # sha256 -> tier: ephemeral keys (serve --print-curl), never written
 
     def engine_options(self, prepacked_budgets: tuple[float, ...] | None = None) -> EngineOptions:
