@@ -8,6 +8,7 @@ intra-op thread; ORT int8 is the same file after onnxruntime.quantization.quanti
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -62,7 +63,13 @@ def export_dense(model: BudgetedClassifier, folder: Path) -> tuple[Path, Path]:
         torch.onnx.export(hf, (ids, torch.ones_like(ids)), str(fp32), input_names=["input_ids", "attention_mask"],
                           output_names=["logits"], opset_version=17, dynamo=False,
                           dynamic_axes={"input_ids": {0: "b", 1: "n"}, "attention_mask": {0: "b", 1: "n"}})
-        quantize_dynamic(str(fp32), str(int8), weight_type=QuantType.QInt8)
+        # The quantizer logs through the root logger, a line for every tensor it leaves in fp32: not ours to show.
+        root, level = logging.getLogger(), logging.getLogger().level
+        root.setLevel(logging.ERROR)
+        try:
+            quantize_dynamic(str(fp32), str(int8), weight_type=QuantType.QInt8)
+        finally:
+            root.setLevel(level)
     return fp32, int8
 
 
