@@ -66,7 +66,7 @@ $(CHECKPOINT)/config.json: | $(STAMP)
 	$(BIN)/headbudget train --base minilm --data $(DATA) --recipe quick --scope $(SCOPE) --out $(CHECKPOINT) --seed 7
 
 # budget=auto needs a decider calibrated on the checkpoint: every budget over the validation split through the
-# engine make run serves (for quick on AG News, 999 texts at 19 budgets: about 50 s of CPU on an AMD EPYC).
+# engine make run serves (MiniLM on AG News, 999 texts at 19 budgets: about 50 s of CPU on an AMD EPYC).
 $(CHECKPOINT)/decider.json: $(CHECKPOINT)/config.json
 	$(BIN)/headbudget decider --model $(CHECKPOINT) --data $(DATA) --precision $(PRECISION)
 
