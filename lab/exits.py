@@ -1,6 +1,6 @@
 """Early exits on a finished whole-model checkpoint: would skipping the top layers beat the width plans?
 
-Issue 16's optional layer skipping, measured before it is built. On the frozen checkpoint, one linear head per
+Layer skipping, measured before it was built. On the frozen checkpoint, one linear head per
 exit depth d < L (below the first exit, for a checkpoint trained with exits) reads the pooled output of layer d
 (the model's own pooling); it is fitted on training-split features taken at every width budget in ``--widths``
 at once, so that one head serves every width, as a shipped exit would. An exit plan (d, w) runs the first d

@@ -1,6 +1,6 @@
 """Place a whole-model checkpoint against an attention-only one by measured latency, from their sweeps alone.
 
-Issue 16 asks that the whole-model checkpoint be more accurate than the attention-only checkpoint wherever both
+The goal: the whole-model checkpoint should be more accurate than the attention-only checkpoint wherever both
 reach the same latency. The sweeps are committed and the weights are not (checkpoints are 43 MB and stay where
 they were trained), so each side is rebuilt as a timing stand-in from its sweep (lab/standin.py: the sweep's own
 plans at every budget, checked). Every swept budget of both is timed round-robin in one process with

@@ -97,8 +97,8 @@ class CompareConfig:
     latency_texts: int = 200  # test texts timed one by one per artifact (0 = skip latency)
     latency_repeats: int = 3  # passes over those texts; the median pass counts
     extra: dict[str, Any] = field(default_factory=dict)  # written to compare.json as is (e.g. the command)
-    # What the budget spans: "attention" (the published comparison, issue 7) or "model" (issue 16: heads and
-    # feed-forward groups, against the attention-only run and dedicated small models, placed by latency).
+    # What the budget spans: "attention" (the published comparison) or "model" (heads and feed-forward groups,
+    # against the attention-only run and dedicated small models, placed by latency).
     # Only "model" enters the cache hashes (through the run identity), so attention caches keep theirs.
     scope: str = "attention"
     latency_engine: str = "onnxruntime fp32, 1 thread, batch 1"  # what the injected latency probe runs

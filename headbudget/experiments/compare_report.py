@@ -11,7 +11,7 @@ import numpy as np
 
 # Serving every budget: fine-tune jobs (the dense warm start counts as one) and deployed artifacts.
 # B = number of budgets; the budgeted run is one job for stages 2 + 3 on top of the warm start.
-# The whole-model scope (issue 16) adds the attention-only checkpoint, post-hoc pruning of heads and neuron
+# The whole-model scope adds the attention-only checkpoint, post-hoc pruning of heads and neuron
 # groups, and the dedicated small models (experiments/latency_placement.py writes its report).
 ORDER = ("dense", "budgeted", "soft-only", "posthoc", "posthoc-structural", "posthoc+recovery", "static",
          "attention-only", "posthoc-model", "layerdrop", "ffn-half")
@@ -87,7 +87,7 @@ def aggregate(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def goal_checks(doc: dict[str, Any]) -> list[str]:
-    """The issue's goals, stated as measured: budgeted vs posthoc (b <= 0.5), vs static and recovery."""
+    """The comparison's goals, stated as measured: budgeted vs posthoc (b <= 0.5), vs static and recovery."""
     rows = {(r["method"], round(r["budget"], 4)): r for r in doc["rows"]}
     lines = []
     for b in doc["budgets"]:
@@ -146,7 +146,7 @@ def markdown(doc: dict[str, Any]) -> str:
     out += ["", *spearman_lines(doc)]
     checks = goal_checks(doc)
     if checks:
-        out += ["", "Goals of issue 7:", "", *checks]
+        out += ["", "What the budgeted checkpoint must meet:", "", *checks]
     out += ["", f"Trained in this invocation: {', '.join(doc['trained_this_run']) or 'nothing (all cached)'}; "
             f"wall time {doc['wall_seconds']:.0f} s.", ""]
     return "\n".join(out)

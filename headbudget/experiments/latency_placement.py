@@ -1,4 +1,4 @@
-"""The whole-model comparison placed by measured latency (issue 16): compare.md and compare.png for ``--scope model``.
+"""The whole-model comparison placed by measured latency: compare.md and compare.png for ``--scope model``.
 
 The question is "at equal measured latency, which is more accurate": for each dedicated small model (one point)
 and for each budget of the attention-only checkpoint, the budgeted checkpoint's accuracy at that point's latency,
@@ -139,7 +139,7 @@ def markdown(doc: dict[str, Any]) -> str:
                        f"| {_pm(p['budgeted_accuracy_mean'], p['budgeted_accuracy_std'], 100)} "
                        f"| {_pm(p['difference_mean'], p['difference_std'], 100)} | {_brackets(p)} "
                        f"| {p['n_reached']} of {p['n_seeds']} |")
-        out += ["", "Goals of issue 16 (at equal measured latency):", ""]
+        out += ["", "What the budgeted checkpoint must meet (at equal measured latency):", ""]
         for p in doc["placement"]:
             what = p["method"] if p["method"] in SMALL else f"attention-only b = {p['budget']:.2f}"
             verdict = ("not reached by the budgeted curve" if p["met"] is None else

@@ -1,4 +1,4 @@
-"""Whole-model baselines (issue 16): neuron-group importance against finite differences, rankings over heads
+"""Whole-model baselines: neuron-group importance against finite differences, rankings over heads
 and feed-forward groups encoded in gates, the layer-drop and half-width conversions, and the latency placement."""
 
 from __future__ import annotations
