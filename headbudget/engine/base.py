@@ -9,10 +9,19 @@ from pathlib import Path
 
 import numpy as np
 
-from headbudget.engine.decider import DECIDER_FILE, passes_cost, pooled_features, run_auto
+from headbudget.engine.decider import passes_cost, pooled_features, run_auto
 from headbudget.engine.errors import BudgetError, InputError, ModelLoadError
 from headbudget.engine.store import Embeddings
-from headbudget.engine.types import BatchResult, Cost, EngineOptions, ExecutionPlan, ModelInfo, Prediction
+from headbudget.engine.types import (
+    Auto,
+    BatchResult,
+    Cost,
+    EngineOptions,
+    ExecutionPlan,
+    ModelInfo,
+    Prediction,
+    Runnable,
+)
 from headbudget.models.config import ModelConfig
 from headbudget.models.plan import Shape
 from headbudget.models.tokenizer import TextEncoder
@@ -77,7 +86,7 @@ class EngineBase:
         self.max_length = max_length
         self.shape = Shape.of(cfg)
         self._plans: dict[float, ExecutionPlan] = {}
-        self._costs: dict[tuple[float, int], Cost] = {}  # (budget, tokens) -> one pass's cost (predict_auto)
+        self._costs: dict[tuple[float, int], Cost] = {}  # (budget, tokens) -> one pass's cost (a decider's auto)
 
     # -- to implement ----------------------------------------------------------------------------------
     def make_plan(self, budget: float) -> ExecutionPlan:
@@ -139,12 +148,17 @@ class EngineBase:
         return BatchResult(predictions=preds, budget=b, heads_active=plan.heads_active,
                            heads_total=plan.heads_total, latency_s=latency)
 
-    def predict_auto(self, texts: Sequence[str], ceiling: float = 1.0, target: float | None = None) -> BatchResult:
+    def run(self, texts: Sequence[str], request: Runnable) -> BatchResult:
+        resolved = self.info.resolve(request)
+        if isinstance(resolved, Auto):
+            return self._decided(texts, resolved)
+        return self.predict(texts, resolved.budget)
+
+    def _decided(self, texts: Sequence[str], request: Auto) -> BatchResult:
+        """``Auto`` through the checkpoint's decider (``info.resolve`` checked there is one)."""
         decider = self.info.decider
-        if decider is None:
-            raise BudgetError(f"budget=auto: checkpoint {self.info.name!r} has no decider ({DECIDER_FILE}; make "
-                              "one with `headbudget decider`)")
-        c = check_budget(ceiling)
+        assert decider is not None
+        c = check_budget(request.ceiling)
         enc = self.encoder.encode(check_texts(texts))
         lengths = [len(ids) for ids in enc.ids]
 
@@ -157,7 +171,7 @@ class EngineBase:
 
         t0 = time.perf_counter()
         features = self.features(enc.ids) if decider.kind == "predictor" else None
-        runs = run_auto(decider, decider.point(target), c, lengths, run_pass, pass_macs, features)
+        runs = run_auto(decider, decider.point(request.target), c, lengths, run_pass, pass_macs, features)
         latency = time.perf_counter() - t0
         labels, preds = self.cfg.labels, []
         for i, run in enumerate(runs):

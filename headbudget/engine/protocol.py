@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from headbudget.engine.types import BatchResult, ExecutionPlan, ModelInfo
+from headbudget.engine.types import BatchResult, ExecutionPlan, ModelInfo, Runnable
 
 
 class Engine(Protocol):
@@ -26,16 +26,18 @@ class Engine(Protocol):
         ...
 
     def predict(self, texts: Sequence[str], budget: float) -> BatchResult:
-        """Classify ``texts`` (padded to the longest in the batch) running only the heads ``budget`` buys."""
+        """Classify ``texts`` (padded to the longest in the batch) running only the heads ``budget`` buys: what
+        ``run(texts, Fixed(budget))`` runs, kept for callers that sweep numbers (CLI, benchmarks, evaluation)."""
         ...
 
-    def predict_auto(self, texts: Sequence[str], ceiling: float = 1.0, target: float | None = None) -> BatchResult:
-        """``budget=auto`` through the checkpoint's decider (``info.decider``; BudgetError without one): each
-        text runs at the budgets the decider picks for it, the sum of its passes never above one pass at
-        ``ceiling``. ``target``: the operating point calibrated for that mean cost (None: the default one).
-        Each Prediction says the budget it ended at (``budget_applied``, also ``budget_chosen``), every pass
-        it ran (``passes``), and costs their sum. (A type that predicts its own budget, BudgetFormer, has no
-        decider: its auto is ``predict`` under a cap.)"""
+    def run(self, texts: Sequence[str], request: Runnable) -> BatchResult:
+        """Classify ``texts`` as ``request`` asks, resolved by ``info.resolve``: ``Fixed`` runs ``predict``;
+        ``Auto`` runs through the checkpoint's decider (``info.decider``), or on a type that predicts its own
+        budget is ``predict`` capped at the ceiling (BudgetError on a checkpoint with neither). Under a decider
+        each text runs at the budgets it picks for that text, the sum of its passes never above one pass at the
+        ceiling; ``target`` selects the operating point calibrated for that mean cost (None: the default one).
+        Each Prediction then says the budget it ended at (``budget_applied``, also ``budget_chosen``), every
+        pass it ran (``passes``), and costs their sum."""
         ...
 
     def warmup(self) -> None:

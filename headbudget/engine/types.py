@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 from headbudget.engine.artifacts import BenchRecord, SweepRecord
-from headbudget.engine.decider import Decider
+from headbudget.engine.budget_request import Auto, BudgetRequest, Fixed, LatencyTarget, Runnable
+from headbudget.engine.decider import DECIDER_FILE, Decider
+from headbudget.engine.errors import BudgetError
 from headbudget.models.plan import Cost, ExecutionPlan  # re-exported: the engine interface speaks plans
 
-__all__ = ["Backend", "BatchResult", "BenchRecord", "Cost", "Decider", "EngineOptions", "ExecutionPlan", "ModelInfo",
-           "Precision", "Prediction", "SweepRecord"]
+__all__ = ["Auto", "Backend", "BatchResult", "BenchRecord", "BudgetRequest", "Cost", "Decider", "EngineOptions",
+           "ExecutionPlan", "Fixed", "LatencyTarget", "ModelInfo", "Precision", "Prediction", "Runnable",
+           "SweepRecord"]
 
 Backend = Literal["onnxruntime", "torch"]
 Precision = Literal["fp32", "int8"]
@@ -53,10 +56,10 @@ class Prediction:
     # The budget that ran is the batch's (BatchResult.budget; for a type that chooses per input, the cap of that
     # choice). A type that predicts its own budget says here what it chose for this input: BudgetFormer, the
     # fraction of heads it ran, within the cap. None for the others (span and AdaAttention report what they
-    # saved in ``cost``). With a decider (``Engine.predict_auto``), the budget it chose for this text: that of
-    # the pass whose answer this is.
+    # saved in ``cost``). With a decider (``Engine.run`` with ``Auto``), the budget it chose for this text: that
+    # of the pass whose answer this is.
     budget_chosen: float | None = None
-    # Only under ``predict_auto``: the budget of the pass that gave this answer (None: the batch's budget ran),
+    # Only under a decider's ``Auto``: the budget of the pass that gave this answer (None: the batch's budget ran),
     # and every pass the text ran, in order; ``cost`` sums them all (a cascade's cheap pass included).
     budget_applied: float | None = None
     passes: tuple[float, ...] = ()
@@ -67,7 +70,7 @@ class BatchResult:
     """Answers for one batch that ran under one head mask."""
 
     predictions: list[Prediction]
-    budget: float  # the budget the mask was made for (predict_auto: the ceiling; each text says what it ran)
+    budget: float  # the budget the mask was made for (a decider's Auto: the ceiling; each text says what it ran)
     heads_active: int
     heads_total: int
     latency_s: float  # wall time of the forward pass (tokenization excluded)
@@ -85,9 +88,25 @@ class ModelInfo:
     max_length: int
     model_type: str = "budgeted"
     # budget=auto: BudgetFormer predicts its own budget (a number is a cap there; ``decider`` is None), a
-    # budgeted checkpoint with a decider.json beside it runs auto through ``Engine.predict_auto``.
+    # budgeted checkpoint with a decider.json beside it runs auto through that decider (``resolve``).
     supports_auto: bool = False
     decider: Decider | None = None
     sweep: SweepRecord | None = None  # sweep.json, if the checkpoint has a usable one
     bench: BenchRecord | None = None  # bench.json, if the checkpoint has a usable one
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @overload
+    def resolve(self, request: Runnable) -> Runnable: ...
+    @overload
+    def resolve(self, request: BudgetRequest) -> BudgetRequest: ...
+
+    def resolve(self, request: BudgetRequest) -> BudgetRequest:
+        """What this checkpoint runs for ``request``: ``Auto`` as is where a decider serves it; on a type that
+        predicts its own budget, a ``Fixed`` cap at the ceiling (every budget is a cap there); BudgetError where
+        the checkpoint has no auto. ``Fixed`` and ``LatencyTarget`` as they are."""
+        if not isinstance(request, Auto) or self.decider is not None:
+            return request
+        if self.supports_auto:
+            return Fixed(request.ceiling)
+        raise BudgetError(f"budget=auto: checkpoint {self.name!r} has no decider ({DECIDER_FILE}; make one with "
+                          "`headbudget decider`)")

@@ -46,12 +46,12 @@ def _timed(conn: http.client.HTTPConnection, text: str, budget: float | str) -> 
 def mean_costs(model: Path, texts: list[str], precision: str) -> tuple[float, dict[float, float]]:
     """auto's mean cost and every grid budget's, from the engine in this process (same options as served)."""
     from headbudget.engine.factory import load_engine
-    from headbudget.engine.types import EngineOptions
+    from headbudget.engine.types import Auto, EngineOptions
 
     engine = load_engine(model, EngineOptions(precision=precision, threads=1))
     if engine.info.decider is None:
         raise SystemExit(f"auto_latency: error: {model} has no usable decider.json (run `headbudget decider`)")
-    auto = statistics.fmean(p.cost.ratio for t in texts for p in engine.predict_auto([t]).predictions)
+    auto = statistics.fmean(p.cost.ratio for t in texts for p in engine.run([t], Auto()).predictions)
     fixed = {b: statistics.fmean(p.cost.ratio for t in texts for p in engine.predict([t], b).predictions)
              for b in BUDGET_GRID}
     return auto, fixed

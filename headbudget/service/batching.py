@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from headbudget.engine.errors import EngineError
 from headbudget.engine.protocol import Engine
-from headbudget.engine.types import ModelInfo, Prediction
+from headbudget.engine.types import Auto, BudgetRequest, LatencyTarget, ModelInfo, Prediction
 from headbudget.service.errors import Overloaded
 from headbudget.service.latency import LatencyModel
 from headbudget.service.metrics import Metrics
@@ -43,7 +43,7 @@ class JobResult:
     latency_s: float  # forward pass of the batch
     queue_s: float  # wait before the batch started
     degraded: bool
-    auto: bool = False  # ran through the checkpoint's decider (Engine.predict_auto): metrics label it "auto"
+    auto: bool = False  # ran as an Auto, through the checkpoint's decider: metrics label it "auto"
 
 
 @dataclass(eq=False)
@@ -52,8 +52,9 @@ class Job:
 
     texts: list[str]
     tier: TierConfig
-    budget: float | None  # requested budget (auto: the ceiling); None when it follows from max_latency_ms
-    max_latency_ms: float | None
+    # What it asked for, as the checkpoint runs it (ModelInfo.resolve): an Auto here goes through a decider; on a
+    # type that predicts its own budget, auto is already a Fixed cap at its ceiling.
+    request: BudgetRequest
     tokens: int  # padded tokens (estimated until counted)
     future: asyncio.Future[JobResult]
     loop: asyncio.AbstractEventLoop
@@ -63,7 +64,6 @@ class Job:
     counted: bool = False  # tokens exact (counted by the engine)
     alone: bool = False  # it found the model idle: nothing waiting, no forward pass running
     cost_cache: dict[float, float] = field(default_factory=dict)
-    auto: bool = False  # budget=auto: through a decider, Engine.predict_auto under the ceiling ``budget``
 
     def order(self) -> tuple[int, int]:
         """Sort key of the service order: priority first, then arrival."""
@@ -114,19 +114,17 @@ class Batcher:
         return len(self._pending)
 
     # -- admission (event loop) -------------------------------------------------------------------------
-    def submit(self, texts: list[str], tier: TierConfig, budget: float | None,
-               max_latency_ms: float | None, auto: bool = False) -> Job:
+    def submit(self, texts: list[str], tier: TierConfig, request: BudgetRequest) -> Job:
         """Queue a request or raise Overloaded (503 with Retry-After) when it cannot be served in time.
 
-        ``auto``: budget=auto under the ceiling ``budget``. On a checkpoint with a decider such jobs run through
-        ``Engine.predict_auto`` and batch only with each other; on one that predicts its own budget (BudgetFormer)
-        the ceiling is a cap like any numeric budget and they batch with numeric jobs of the same plan.
+        An ``Auto`` request runs under its ceiling. On a checkpoint with a decider such jobs run as one ``Auto``
+        and batch only with each other; on one that predicts its own budget (BudgetFormer) the ceiling is a cap
+        like any numeric budget and they batch with numeric jobs of the same plan.
         """
-        assert self.latency is not None and self.planner is not None
+        assert self.engine is not None and self.latency is not None and self.planner is not None
         loop = asyncio.get_running_loop()
-        decided = auto and self.engine is not None and self.engine.info.decider is not None
-        job = Job(texts, tier, budget, max_latency_ms, self.latency.estimate_tokens(texts), loop.create_future(),
-                  loop, auto=decided)
+        job = Job(texts, tier, self.engine.info.resolve(request), self.latency.estimate_tokens(texts),
+                  loop.create_future(), loop)
         with self._cond:
             if self._stopping:
                 raise Overloaded("the server is shutting down", retry_after_s=1)
@@ -171,8 +169,7 @@ class Batcher:
 
     def _drain_s(self, pending: list[Job]) -> float:
         assert self.planner is not None
-        return self._running_left() + sum(self.planner.cost_s(j, j.budget or j.tier.default_cap)
-                                          for j in pending)
+        return self._running_left() + sum(self.planner.cost_s(j, self.planner.stated(j)) for j in pending)
 
     # -- the engine thread ------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -242,7 +239,7 @@ class Batcher:
         """Exact token counts for the requests whose budget depends on their length."""
         assert self.engine is not None
         for job in jobs:
-            if job.max_latency_ms is not None and not job.counted:
+            if isinstance(job.request, LatencyTarget) and not job.counted:
                 counts = self.engine.count_tokens(job.texts)
                 job.tokens = len(job.texts) * max(n for n, _ in counts)
                 job.counted = True
@@ -253,10 +250,11 @@ class Batcher:
         """Run and answer a batch; returns its bookkeeping (the latency model) to call after the answers."""
         assert self.engine is not None and self.latency is not None
         texts = [t for j in batch for t in j.texts]
-        auto = batch[0].auto  # the planner batches decider-auto jobs only with each other
+        request = batch[0].request.at(budget)  # the planner batches Auto jobs only with Auto jobs of one ceiling
+        auto = isinstance(request, Auto)
         started, cpu_started = time.monotonic(), time.thread_time()
         try:
-            result = self.engine.predict_auto(texts, budget) if auto else self.engine.predict(texts, budget)
+            result = self.engine.run(texts, request)
         except EngineError as e:
             self._set_idle()
             for job in batch:

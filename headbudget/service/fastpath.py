@@ -21,10 +21,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from headbudget.service.deps import authenticate
 from headbudget.service.errors import known_error_response
-from headbudget.service.inference import answer
+from headbudget.service.inference import BudgetParams, answer
 from headbudget.service.runtime import Runtime
 from headbudget.service.schemas import BudgetParam, BudgetValue, ClassifyRequest, LatencyLimit
 
+# BudgetParams' fields, each validated as the route declares it
 _QUERY: dict[str, TypeAdapter[Any]] = {"budget": TypeAdapter(BudgetParam), "max_latency_ms": TypeAdapter(LatencyLimit),
                                        "max_budget": TypeAdapter(BudgetValue)}
 _JSON = b"application/json"
@@ -60,8 +61,7 @@ class ClassifyFastPath:
         request = Request(scope, receive)
         try:
             caller = await authenticate(request, self.runtime)
-            result = await answer(self.runtime, caller, request_body, query.get("budget"),
-                                  query.get("max_latency_ms"), request, query.get("max_budget"))
+            result = await answer(self.runtime, caller, request_body, query, request)
         except Exception as exc:
             response = known_error_response(request, exc)
             if response is None:
@@ -82,13 +82,13 @@ def _is_json(scope: Scope) -> bool:
     return False  # FastAPI reads a body without a content type as JSON; that rare case goes through it
 
 
-def _parse(scope: Scope, body: bytes) -> tuple[ClassifyRequest, dict[str, Any]] | None:
+def _parse(scope: Scope, body: bytes) -> tuple[ClassifyRequest, BudgetParams] | None:
     """The validated body and query parameters, or None for anything FastAPI should answer (errors)."""
     pairs = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
     if len({k for k, _ in pairs}) != len(pairs) or any(k not in _QUERY for k, _ in pairs):
         return None
     try:
-        query = {k: _QUERY[k].validate_python(v) for k, v in pairs}
+        query = BudgetParams(**{k: _QUERY[k].validate_python(v) for k, v in pairs})
         # pydantic-core parses and validates the bytes in one pass (no intermediate dicts; its parser caps
         # nesting, so a 50,000-deep body is a plain failure here, not a RecursionError). Whatever it refuses
         # goes to FastAPI, whose json.loads + validation then decide the exact error, as with the path off.

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from starlette.requests import Request
 
+from headbudget.engine.types import Auto, BudgetRequest, Fixed, LatencyTarget
 from headbudget.service.auth import Caller, check_budget
 from headbudget.service.batching import JobResult
 from headbudget.service.errors import BadRequest, ClientGone, InvalidRequest, Unavailable
@@ -23,35 +24,52 @@ log = logging.getLogger("headbudget.service")
 
 
 @dataclass(frozen=True)
+class BudgetParams:
+    """The budget fields a request may give outside its body: query parameters (TEI: or headers)."""
+
+    budget: float | str | None = None
+    max_latency_ms: float | None = None
+    max_budget: float | None = None
+
+
+@dataclass(frozen=True)
 class BudgetChoice:
-    """What the request asked for: an explicit budget, ``auto``, a latency limit, or the tier default."""
+    """What the request asked for (a budget, ``auto`` under a ceiling, or a latency target; the tier's default
+    when it named none) and where that came from."""
 
-    budget: float | None  # for auto: its ceiling (the request's max_budget, else the tier's max_budget)
-    max_latency_ms: float | None
+    request: BudgetRequest
     source: BudgetSource
-    auto: bool = False  # each text runs at its own budget (the checkpoint's or its decider's), within ``budget``
+
+    @property
+    def auto(self) -> bool:
+        """Each text at its own budget (the checkpoint's or its decider's), within the ceiling."""
+        return isinstance(self.request, Auto)
+
+    @property
+    def max_latency_ms(self) -> float | None:
+        """The latency target, as the answer echoes it (None for a budget or auto)."""
+        return self.request.max_latency_ms if isinstance(self.request, LatencyTarget) else None
 
 
-def choose_budget(body: ClassifyRequest, query_budget: float | str | None, query_latency: float | None,
-                  caller: Caller, supports_auto: bool, query_max_budget: float | None = None) -> BudgetChoice:
+def choose_budget(body: ClassifyRequest, params: BudgetParams, caller: Caller, supports_auto: bool) -> BudgetChoice:
     """Merge query and body (else the tier default), check the tier's maximum (403), and reject auto where
     unsupported (400). ``auto`` runs under a ceiling: the request's ``max_budget`` (403 above the tier's
     max_budget, like a budget), else the tier's max_budget."""
-    if query_budget is not None and body.budget is not None:
+    if params.budget is not None and body.budget is not None:
         raise InvalidRequest("give budget in the query or in the body, not both")
-    if query_latency is not None and body.max_latency_ms is not None:
+    if params.max_latency_ms is not None and body.max_latency_ms is not None:
         raise InvalidRequest("give max_latency_ms in the query or in the body, not both")
-    if query_max_budget is not None and body.max_budget is not None:
+    if params.max_budget is not None and body.max_budget is not None:
         raise InvalidRequest("give max_budget in the query or in the body, not both")
-    budget = query_budget if query_budget is not None else body.budget
-    latency = query_latency if query_latency is not None else body.max_latency_ms
-    ceiling = query_max_budget if query_max_budget is not None else body.max_budget
+    budget = params.budget if params.budget is not None else body.budget
+    latency = params.max_latency_ms if params.max_latency_ms is not None else body.max_latency_ms
+    ceiling = params.max_budget if params.max_budget is not None else body.max_budget
     if budget is not None and latency is not None:
         raise InvalidRequest("give budget or max_latency_ms, not both")
     if latency is not None:
         if ceiling is not None:
             raise InvalidRequest("max_budget is the ceiling of budget=auto; with max_latency_ms it has no meaning")
-        return BudgetChoice(None, latency, "max_latency_ms")
+        return BudgetChoice(LatencyTarget(latency), "max_latency_ms")
     source: BudgetSource = "request" if budget is not None else "tier_default"
     if budget is None:
         budget = caller.tier.default_budget
@@ -61,14 +79,14 @@ def choose_budget(body: ClassifyRequest, query_budget: float | str | None, query
                              "(decider.json, made by `headbudget decider`); this one has neither")
         if ceiling is not None:
             check_budget(caller.tier, ceiling)
-        return BudgetChoice(ceiling if ceiling is not None else caller.tier.max_budget, None, source, auto=True)
+        return BudgetChoice(Auto(ceiling if ceiling is not None else caller.tier.max_budget), source)
     if isinstance(budget, str):
         raise InvalidRequest(f"budget must be a number in [0.1, 1] or 'auto', got {budget!r}")
     if ceiling is not None:
         raise InvalidRequest("max_budget is the ceiling of budget=auto; with a numeric budget, the budget is what runs")
     if source == "request":
         check_budget(caller.tier, budget)
-    return BudgetChoice(budget, None, source)
+    return BudgetChoice(Fixed(budget), source)
 
 
 async def _wait(request: Request, future: asyncio.Future[JobResult]) -> JobResult:
@@ -91,12 +109,11 @@ async def _wait(request: Request, future: asyncio.Future[JobResult]) -> JobResul
     raise ClientGone()
 
 
-async def answer(runtime: Runtime, caller: Caller, body: ClassifyRequest, query_budget: float | str | None,
-                 query_latency: float | None, request: Request,
-                 query_max_budget: float | None = None) -> ClassifyResponse:
+async def answer(runtime: Runtime, caller: Caller, body: ClassifyRequest, params: BudgetParams,
+                 request: Request) -> ClassifyResponse:
     """A validated, authenticated /classify request, start to finish (the route and the fast path)."""
     supports_auto = runtime.info.supports_auto if runtime.info else False
-    choice = choose_budget(body, query_budget, query_latency, caller, supports_auto, query_max_budget)
+    choice = choose_budget(body, params, caller, supports_auto)
     return await classify(runtime, caller, body, choice, request)
 
 
@@ -108,7 +125,7 @@ async def classify(runtime: Runtime, caller: Caller, body: ClassifyRequest, choi
     if info is None or not runtime.batcher.ready:
         raise Unavailable("the model is not loaded yet", retry_after_s=5)
     texts = body.all_texts()
-    job = runtime.batcher.submit(texts, caller.tier, choice.budget, choice.max_latency_ms, auto=choice.auto)
+    job = runtime.batcher.submit(texts, caller.tier, choice.request)
     try:
         result = await _wait(request, job.future)
     except (ClientGone, asyncio.CancelledError):

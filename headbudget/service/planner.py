@@ -13,10 +13,11 @@ request wants the cap of its tier's max_budget (1.0: no cap) and degrades like a
 is lowered to the level (never below min_budget), so each text runs min(its own budget, the cap). Its
 latency is estimated at the cap, an upper bound that the observed batch times correct.
 
-On a budgeted checkpoint with a decider, a ``budget=auto`` request (``Job.auto``) wants its ceiling (the
+On a budgeted checkpoint with a decider, a ``budget=auto`` request (an ``Auto`` job) wants its ceiling (the
 request's max_budget, else its tier's max_budget), degrades the same way (a lower ceiling), and batches only with
-auto requests of the same ceiling: the engine runs them with ``predict_auto``, each text at its own budgets. Its
-latency is estimated at the ceiling, an upper bound (all its passes together never cost more than one pass there).
+auto requests of the same ceiling: the engine runs them as one ``Auto``, each text at its own budgets. Its latency
+is estimated at the ceiling, an upper bound (all its passes together never cost more than one pass there).
+(On a checkpoint that predicts its own budget, the job already holds auto as a cap: ``ModelInfo.resolve``.)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
 from headbudget.engine.protocol import Engine
+from headbudget.engine.types import Auto, Fixed, LatencyTarget
 from headbudget.service.latency import LatencyModel
 
 if TYPE_CHECKING:
@@ -48,13 +50,24 @@ class Planner:
 
     def want(self, job: Job, now: float) -> float:
         """The budget a request asks for, before any degradation."""
-        if job.budget is not None:
-            return job.budget
-        assert job.max_latency_ms is not None
-        left_s = job.max_latency_ms / 1000.0 - (now - job.enqueued)
-        allowed = [b for b in self.grid if b <= job.tier.max_budget + 1e-9] or [self.grid[0]]
-        fitting = [b for b in allowed if self.cost_s(job, b) <= left_s]
-        return fitting[-1] if fitting else allowed[0]
+        match job.request:
+            case Fixed(budget) | Auto(budget):
+                return budget
+            case LatencyTarget(max_latency_ms):
+                left_s = max_latency_ms / 1000.0 - (now - job.enqueued)
+                allowed = [b for b in self.grid if b <= job.tier.max_budget + 1e-9] or [self.grid[0]]
+                fitting = [b for b in allowed if self.cost_s(job, b) <= left_s]
+                return fitting[-1] if fitting else allowed[0]
+
+    @staticmethod
+    def stated(job: Job) -> float:
+        """The budget a request states before it is planned: its own (auto: its ceiling); for a latency target,
+        which depends on the queue, its tier's default."""
+        match job.request:
+            case Fixed(budget) | Auto(budget):
+                return budget
+            case LatencyTarget():
+                return job.tier.default_cap
 
     def wait_at_floor_s(self, pending: Sequence[Job], job: Job) -> float:
         """Seconds of work queued ahead of ``job`` if every degrading request ran at its tier's minimum."""
@@ -62,14 +75,14 @@ class Planner:
         for other in pending:
             if other.order() < job.order():
                 floor = other.tier.floor_budget if other.tier.degrades else None
-                want = other.budget if other.budget is not None else other.tier.default_cap
+                want = self.stated(other)
                 total += self.cost_s(other, min(want, floor) if floor is not None else want)
         return total
 
     def key(self, job: Job, budget: float) -> Hashable:
         """Jobs whose keys are equal at their budgets may share a batch: the plan's key, or for a decider's auto
-        the ceiling (texts run their own plans within it)."""
-        return ("auto", budget) if job.auto else self._engine.plan(budget).key
+        the request under that ceiling (texts run their own plans within it)."""
+        return job.request.at(budget) if isinstance(job.request, Auto) else self._engine.plan(budget).key
 
     def _effective(self, job: Job, want: float, level: float | None) -> float:
         if level is None or not job.tier.degrades:

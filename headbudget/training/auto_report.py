@@ -1,7 +1,7 @@
 """``budget=auto`` against the fixed budgets on one split, by accuracy at equal *measured* mean latency (auto.json).
 
 Accuracy and mean cost: every test text, through the serving engine's own paths (``predict`` at each grid
-budget, ``predict_auto`` at each of a decider's operating points, batches of 32). Latency: the first
+budget, ``run`` with ``Auto`` at each of a decider's operating points, batches of 32). Latency: the first
 ``latency_examples`` texts, one at a time (batch 1, one thread), each configuration timed around the whole call
 (tokenizing, every pass, the answer), round robin over the configurations so that drift on a shared machine
 hits all of them alike, in a fresh random order for every text and repeat (in a fixed order each budget ran right
@@ -29,7 +29,7 @@ import numpy as np
 from headbudget.engine.base import EngineBase
 from headbudget.engine.decider import Decider
 from headbudget.engine.factory import load_engine
-from headbudget.engine.types import EngineOptions, Precision
+from headbudget.engine.types import Auto, EngineOptions, Precision
 from headbudget.models.budget import BUDGET_GRID
 from headbudget.training.data import Split
 
@@ -129,7 +129,7 @@ def auto_report(engine: EngineBase, split: Split, deciders: Sequence[tuple[str, 
     for name, decider in deciders:
         with_decider(engine, decider)
         for i, pt in enumerate(decider.points):
-            preds = _batched(texts, lambda t, target=pt.target: engine.predict_auto(t, 1.0, target))
+            preds = _batched(texts, lambda t, target=pt.target: engine.run(t, Auto(1.0, target)))
             points.append({
                 "decider": name, "target": pt.target, "default": i == decider.default,
                 "mean_cost": float(np.mean([p.cost.ratio for p in preds])),
@@ -166,7 +166,7 @@ def _auto_run(engine: EngineBase, decider: Decider, target: float) -> Callable[[
 
     def run(t: list[str]) -> Any:
         engine.info = replace(engine.info, decider=decider)
-        return engine.predict_auto(t, 1.0, target)
+        return engine.run(t, Auto(1.0, target))
 
     return run
 

@@ -267,7 +267,7 @@ def fit_predictor(p: Passes, checksum: str, labels: Sequence[str], targets: Sequ
 
 
 def simulate(decider: Decider, point: OperatingPoint, p: Passes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """What ``predict_auto(texts, 1.0, point.target)`` does on ``p``'s texts, from its cached answers (the same
+    """What ``Engine.run(texts, Auto(1.0, point.target))`` does on ``p``'s texts, from its cached answers (the same
     rules as engine/decider.py ``run_auto``): per text (cost, right, passes)."""
     index = {b: k for k, b in enumerate(p.budgets)}
     right, conf = p.correct, p.confidence

@@ -27,7 +27,7 @@ from headbudget.engine.decider import (
 )
 from headbudget.engine.errors import BudgetError
 from headbudget.engine.factory import load_engine, model_info
-from headbudget.engine.types import EngineOptions
+from headbudget.engine.types import Auto, EngineOptions, Fixed, LatencyTarget, ModelInfo
 from headbudget.models.budget import BUDGET_GRID
 
 WORDS = ("red", "blue", "marker", "one", "two", "the", "news", "market", "game", "plain", "words", "green")
@@ -66,7 +66,7 @@ def engine(request: pytest.FixtureRequest, tiny_checkpoint: Path, tiny_model_sco
 
 
 def assert_within_ceiling(e: EngineBase, texts: list[str], ceiling: float) -> None:
-    result = e.predict_auto(texts, ceiling)
+    result = e.run(texts, Auto(ceiling))
     assert result.budget == ceiling and len(result.predictions) == len(texts)
     for p in result.predictions:
         limit = e.plan(ceiling).cost(e.shape, p.n_tokens).total_macs
@@ -119,12 +119,12 @@ def test_always_escalating_fills_the_ceiling_and_no_more(engine: EngineBase) -> 
     ceiling of 1.0 too: the cheap pass and the escalated one together cost at most one dense pass)."""
     serve(engine, cascade(engine.info.checksum, (0.1, 1.0), (1.01,)))
     for ceiling in (1.0, 0.5, 0.3):
-        result = engine.predict_auto(TEXTS, ceiling)
+        result = engine.run(TEXTS, Auto(ceiling))
         for p in result.predictions:
             assert p.passes == escalation(engine, 0.1, 1.0, ceiling, p.n_tokens)
             assert p.passes[-1] < ceiling
     serve(engine, cascade(engine.info.checksum, (0.5, 1.0), (1.01,)))
-    low = engine.predict_auto(TEXTS, 0.25)  # the first stage is above the ceiling: one pass at the ceiling
+    low = engine.run(TEXTS, Auto(0.25))  # the first stage is above the ceiling: one pass at the ceiling
     assert {p.passes for p in low.predictions} == {(0.25,)}
 
 
@@ -137,7 +137,7 @@ def test_per_text_budgets_in_one_batch_are_honoured(tiny_model_scope_checkpoint:
     conf = sorted(max(p.scores.values()) for p in cheap)
     threshold = (conf[len(conf) // 2 - 1] + conf[len(conf) // 2]) / 2  # half the texts are unsure
     serve(e, cascade(e.info.checksum, (0.25, 1.0), (threshold,)))
-    result = e.predict_auto(TEXTS, 1.0)
+    result = e.run(TEXTS, Auto(1.0))
     passes = [p.passes for p in result.predictions]
     assert {len(x) for x in passes} == {1, 2}  # different texts escalated differently in one call
     for text, p, c in zip(TEXTS, result.predictions, cheap, strict=True):
@@ -156,10 +156,10 @@ def test_a_predictor_runs_each_text_once_at_its_level(engine: EngineBase) -> Non
                                 features=engine.features(enc.ids))).info.decider
     assert d is not None and d.predictor is not None
     chosen = d.predictor.choose(engine.features(enc.ids), d.default_point.tau)
-    result = engine.predict_auto(TEXTS, 1.0)
+    result = engine.run(TEXTS, Auto(1.0))
     assert [p.passes for p in result.predictions] == [(float(b),) for b in chosen]
     assert len(set(chosen.tolist())) > 1
-    capped = engine.predict_auto(TEXTS, 0.3)
+    capped = engine.run(TEXTS, Auto(0.3))
     assert [p.passes for p in capped.predictions] == [(min(float(b), 0.3),) for b in chosen]
 
 
@@ -192,7 +192,29 @@ def test_without_a_decider_auto_is_a_budget_error(engine: EngineBase) -> None:
     serve(engine, cascade(engine.info.checksum))
     engine.info = replace(engine.info, decider=None, supports_auto=False)
     with pytest.raises(BudgetError, match=r"no decider \(decider.json"):
-        engine.predict_auto(["a text"], 1.0)
+        engine.run(["a text"], Auto(1.0))
+
+
+def test_run_with_a_fixed_budget_is_predict(engine: EngineBase) -> None:
+    serve(engine, cascade(engine.info.checksum))  # a decider changes nothing for a fixed budget
+    for b in (0.1, 0.5, 1.0):
+        ran, predicted = engine.run(TEXTS[:6], Fixed(b)), engine.predict(TEXTS[:6], b)
+        assert ran.predictions == predicted.predictions and ran.budget == predicted.budget == b
+        assert ran.heads_active == predicted.heads_active
+
+
+def test_resolve_says_how_a_checkpoint_serves_each_request() -> None:
+    plain = ModelInfo("m", "0" * 64, ("negative", "positive"), 2, 4, 32)
+    own = replace(plain, supports_auto=True)  # predicts its own budget (BudgetFormer): every budget is a cap
+    decided = replace(plain, supports_auto=True, decider=cascade("0" * 64))
+    for info in (plain, own, decided):
+        assert info.resolve(Fixed(0.3)) == Fixed(0.3)
+        assert info.resolve(LatencyTarget(50.0)) == LatencyTarget(50.0)
+    assert own.resolve(Auto(0.6, 0.4)) == Fixed(0.6)
+    assert decided.resolve(Auto(0.6, 0.4)) == Auto(0.6, 0.4)
+    with pytest.raises(BudgetError, match=r"no decider \(decider.json"):
+        plain.resolve(Auto())
+    assert Auto(1.0, 0.4).at(0.5) == Auto(0.5, 0.4) and LatencyTarget(50.0).at(0.5) == Fixed(0.5)
 
 
 def test_decider_json_round_trips_and_is_checked(tiny_checkpoint: Path, tmp_path: Path,
@@ -230,7 +252,7 @@ def test_the_default_points_budgets_get_prepacked_sessions(tiny_model_scope_chec
     bare = load_engine(folder, EngineOptions(prepacked_budgets=()))
     keys = {e.plan(b).key for b in (0.15, 0.5, 0.75)}
     assert keys <= e._prepacked and not bare._prepacked  # type: ignore[attr-defined]
-    assert e.predict_auto(TEXTS[:3]).predictions[0].passes[0] == 0.15
+    assert e.run(TEXTS[:3], Auto()).predictions[0].passes[0] == 0.15
 
 
 def test_max_prob_and_levels() -> None:

@@ -11,14 +11,16 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
-from headbudget.engine.errors import InputError
+from headbudget.engine.errors import BudgetError, InputError
 from headbudget.engine.types import (
+    Auto,
     BatchResult,
     BenchRecord,
     Cost,
     ExecutionPlan,
     ModelInfo,
     Prediction,
+    Runnable,
     SweepRecord,
 )
 
@@ -86,6 +88,17 @@ class FakeEngine:
     def predict(self, texts: Sequence[str], budget: float) -> BatchResult:
         with self._one_thread():
             return self._predict(texts, budget)
+
+    def run(self, texts: Sequence[str], request: Runnable) -> BatchResult:
+        """As the real engines: the checkpoint resolves the request, a Fixed runs ``predict``."""
+        resolved = self.info.resolve(request)
+        if isinstance(resolved, Auto):
+            return self.run_auto(texts, resolved)
+        return self.predict(texts, resolved.budget)
+
+    def run_auto(self, texts: Sequence[str], request: Auto) -> BatchResult:
+        """An Auto through a decider; a fake with one overrides this."""
+        raise BudgetError("this fake has no decider")
 
     def _predict(self, texts: Sequence[str], budget: float) -> BatchResult:
         if not texts or any(not t.strip() for t in texts):

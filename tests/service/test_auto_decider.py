@@ -1,4 +1,4 @@
-"""budget=auto on a budgeted checkpoint with a decider (issue 17): the engine's predict_auto under a ceiling (the
+"""budget=auto on a budgeted checkpoint with a decider (issue 17): the engine's Auto under a ceiling (the
 tier's max_budget or the request's max_budget), per-text budgets and costs in the answer, its own metrics bucket,
 batching only with other auto requests, and a clear 400 from a real engine without a decider."""
 
@@ -17,7 +17,7 @@ from headbudget.client import AsyncClient
 from headbudget.engine.base import EngineBase
 from headbudget.engine.decider import Decider, OperatingPoint, passes_cost, save_decider
 from headbudget.engine.factory import load_engine, model_info
-from headbudget.engine.types import BatchResult, EngineOptions
+from headbudget.engine.types import Auto, BatchResult, EngineOptions
 from headbudget.service.settings import parse_config
 from tests.service.conftest import (
     KEYS,
@@ -57,7 +57,8 @@ class FakeDecider(FakeEngine):
         first = min(0.25, ceiling)
         return [first, 0.5] if len(text) % 2 and first + 0.5 <= ceiling + 1e-9 else [first]
 
-    def predict_auto(self, texts: Sequence[str], ceiling: float = 1.0, target: float | None = None) -> BatchResult:
+    def run_auto(self, texts: Sequence[str], request: Auto) -> BatchResult:
+        ceiling = request.ceiling
         with self._one_thread():
             self.auto_calls.append((list(texts), ceiling))
             preds = []

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from headbudget.engine.artifacts import BenchRecord
+from headbudget.engine.types import BudgetRequest, Fixed, LatencyTarget
 from headbudget.service.batching import Job
 from headbudget.service.latency import LatencyModel
 from headbudget.service.planner import Planner
@@ -125,11 +126,10 @@ async def test_client_gone_is_dropped_from_the_queue() -> None:
     assert [t for t, _ in engine.calls] == [["b"]]
 
 
-def _job(tier_name: str, config, texts: list[str], budget: float | None, tokens: int,
-         max_latency_ms: float | None = None, age_s: float = 0.0) -> Job:
+def _job(tier_name: str, config, texts: list[str], request: BudgetRequest, tokens: int, age_s: float = 0.0) -> Job:
     loop = asyncio.new_event_loop()
     try:
-        job = Job(texts, config.tier(tier_name), budget, max_latency_ms, tokens, loop.create_future(), loop)
+        job = Job(texts, config.tier(tier_name), request, tokens, loop.create_future(), loop)
     finally:
         loop.close()
     job.enqueued -= age_s
@@ -140,16 +140,16 @@ def test_planner_degrades_only_when_the_queue_would_miss_the_target() -> None:
     config = make_config()  # flex: target 200 ms, min_budget 0.1
     planner = Planner(FakeEngine(), LatencyModel(BenchRecord.parse(BENCH), 512))
     # 10 jobs of 100 tokens: 10 ms each at budget 1.0, 1 ms at 0.1
-    light = [_job("flex", config, ["t"], 1.0, 100) for _ in range(10)]
+    light = [_job("flex", config, ["t"], Fixed(1.0), 100) for _ in range(10)]
     _, applied, _ = planner.plan(light, time.monotonic(), 32)
     assert set(applied.values()) == {1.0}  # 100 ms of work fits a 200 ms target
-    heavy = [_job("flex", config, ["t"], 1.0, 100) for _ in range(40)]  # 400 ms at 1.0
+    heavy = [_job("flex", config, ["t"], Fixed(1.0), 100) for _ in range(40)]  # 400 ms at 1.0
     batch, applied, wants = planner.plan(heavy, time.monotonic(), 32)
     level = applied[heavy[0].seq]
     assert 0.1 <= level < 1.0 and set(wants.values()) == {1.0}
     assert 40 * planner.cost_s(heavy[0], level) <= 0.2 + 1e-9  # the chosen level meets the target
     assert len(batch) == 32  # same mask: one batch, up to max_batch_size texts
-    mixed = [_job("quality", config, ["t"], 1.0, 100) for _ in range(5)] + heavy
+    mixed = [_job("quality", config, ["t"], Fixed(1.0), 100) for _ in range(5)] + heavy
     _, applied, _ = planner.plan(mixed, time.monotonic(), 32)
     assert all(applied[j.seq] == 1.0 for j in mixed[:5])  # tiers without a target never degrade
 
@@ -159,11 +159,11 @@ def test_planner_max_latency_picks_lower_budgets_for_tighter_limits() -> None:
     planner = Planner(FakeEngine(), LatencyModel(BenchRecord.parse(BENCH), 512))
     chosen = {}
     for limit in (50.0, 8.0, 3.0, 0.5):
-        job = _job("balanced", config, ["t"], None, 100, max_latency_ms=limit)
+        job = _job("balanced", config, ["t"], LatencyTarget(limit), 100)
         chosen[limit] = planner.want(job, job.enqueued)  # at arrival: the whole limit is left
     assert chosen[50.0] == 1.0 and chosen[0.5] == 0.1
     assert chosen[50.0] > chosen[8.0] > chosen[3.0] >= chosen[0.5]
-    capped = _job("cheap", config, ["t"], None, 100, max_latency_ms=50.0)
+    capped = _job("cheap", config, ["t"], LatencyTarget(50.0), 100)
     assert planner.want(capped, capped.enqueued) == 0.5  # never above the tier's maximum
 
 

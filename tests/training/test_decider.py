@@ -16,7 +16,7 @@ import pytest
 from headbudget.engine.base import EngineBase
 from headbudget.engine.decider import KINDS, Decider, OperatingPoint, read_decider
 from headbudget.engine.factory import load_engine
-from headbudget.engine.types import EngineOptions
+from headbudget.engine.types import Auto, EngineOptions
 from headbudget.models.budget import BUDGET_GRID
 from headbudget.training.auto_report import accuracy_at, frontier, latency_at
 from headbudget.training.data import load_data
@@ -68,7 +68,7 @@ def _checksum(folder: Path) -> str:
 
 
 def test_the_calibration_sees_what_the_engine_does(decided: tuple[Path, Path]) -> None:
-    """``simulate`` (what calibration optimizes) gives every text the passes, answer and cost ``predict_auto``
+    """``simulate`` (what calibration optimizes) gives every text the passes, answer and cost ``run`` with ``Auto``
     gives it, for every point of both kinds."""
     folder, _ = decided
     engine = load_engine(folder, EngineOptions(prepacked_budgets=()))
@@ -81,7 +81,7 @@ def test_the_calibration_sees_what_the_engine_does(decided: tuple[Path, Path]) -
         for point in decider.points:
             engine.info = replace(engine.info, decider=decider, supports_auto=True)
             cost, right, n_passes = simulate(decider, point, passes)
-            served = engine.predict_auto(test.texts, 1.0, point.target).predictions
+            served = engine.run(test.texts, Auto(1.0, point.target)).predictions
             assert [len(p.passes) for p in served] == n_passes.tolist()
             assert [p.label == ds.labels[y] for p, y in zip(served, test.labels, strict=True)] == right.tolist()
             np.testing.assert_allclose([p.cost.ratio for p in served], cost, rtol=1e-9)

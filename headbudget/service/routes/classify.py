@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 
 from headbudget.service.deps import CallerDep, RuntimeDep
-from headbudget.service.inference import answer
+from headbudget.service.inference import BudgetParams, answer
 from headbudget.service.routes import error_responses
 from headbudget.service.schemas import (
     BudgetParam,
@@ -32,4 +32,4 @@ async def classify_texts(
 ) -> ClassifyResponse:
     """Classify one text or up to 64, running only the attention heads the budget buys."""
     # Served by service/fastpath.py unless the request is one it hands on (an error case) or it is off.
-    return await answer(runtime, caller, body, budget, max_latency_ms, request, max_budget)
+    return await answer(runtime, caller, body, BudgetParams(budget, max_latency_ms, max_budget), request)

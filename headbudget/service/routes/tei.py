@@ -223,7 +223,7 @@ async def _run(runtime: Runtime, caller: Caller, texts: list[str], choice: infer
     that ``raw_scores`` needs): queue, wait or cancel, metrics, the feedback store, the access log."""
     if runtime.info is None or not runtime.batcher.ready:
         raise Unavailable("the model is not loaded yet", retry_after_s=5)
-    job = runtime.batcher.submit(texts, caller.tier, choice.budget, choice.max_latency_ms, auto=choice.auto)
+    job = runtime.batcher.submit(texts, caller.tier, choice.request)
     try:
         result = await inference._wait(request, job.future)
     except (ClientGone, asyncio.CancelledError):
@@ -273,9 +273,9 @@ async def _predict(body: PredictRequest, request: Request, runtime: Runtime, cal
     except ValidationError as e:  # not reached: _texts checked what ClassifyRequest checks
         raise _validation(str(e)) from None
     info = runtime.info
-    choice = inference.choose_budget(classify_body, budget if budget is not None else x_budget, None, caller,
-                                     info.supports_auto if info else False,
-                                     max_budget if max_budget is not None else x_max_budget)
+    asked = inference.BudgetParams(budget=budget if budget is not None else x_budget,
+                                   max_budget=max_budget if max_budget is not None else x_max_budget)
+    choice = inference.choose_budget(classify_body, asked, caller, info.supports_auto if info else False)
     result = await _run(runtime, caller, texts, choice, request)
     labels = info.labels if info else ()
     cut = [i for i, p in enumerate(result.predictions) if p.truncated]
