@@ -29,7 +29,7 @@ def register(subparsers: Any) -> None:
                    help="what runs before each timed call: every other method (cold: budgets switching call by "
                         "call), one untimed call of the same method (warm), or a run of them (steady: one "
                         "budget's calls back to back)")
-    p.add_argument("--warm-cache", action="store_true", help=argparse.SUPPRESS)  # session 21's name for --cache warm
+    p.add_argument("--warm-cache", action="store_true", help=argparse.SUPPRESS)  # the former name of --cache warm
     p.add_argument("--out", type=Path, required=True, help="where to write bench.json")
     p.set_defaults(func=run)
 
