@@ -1,6 +1,6 @@
 """`headbudget compare`: the budgeted checkpoint against post-hoc pruning, recovery and static gates; with
 ``--scope model``, the whole-model budget against the attention-only checkpoint, post-hoc pruning of heads and
-neurons and dedicated small models, placed by measured latency (issue 16)."""
+neurons and dedicated small models, placed by measured latency."""
 
 from __future__ import annotations
 

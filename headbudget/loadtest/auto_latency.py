@@ -1,4 +1,4 @@
-"""budget=auto through the service at batch 1, against fixed budgets of the same mean cost (issue 17).
+"""budget=auto through the service at batch 1, against fixed budgets of the same mean cost.
 
 `python -m headbudget.loadtest.auto_latency --model DIR --out FILE`: the checkpoint needs a decider.json.
 1. In this process, the engine gives auto's mean cost on the texts (each answer's whole-forward share, the

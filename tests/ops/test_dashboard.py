@@ -94,7 +94,7 @@ def test_panels_cover_the_issue() -> None:
     assert any("status" in t["expr"] and "2.." in t["expr"] for p in panels for t in p["targets"]), "errors"
     assert having("headbudget_request_duration_seconds_bucket", by="tier")
     assert having("headbudget_inference_duration_seconds_bucket", by="budget")
-    assert having("headbudget_macs_total", "headbudget_macs_saved_total")  # the whole forward pass (issue 16)
+    assert having("headbudget_macs_total", "headbudget_macs_saved_total")  # the whole forward pass
     assert having("headbudget_online_accuracy", by="budget") and having("headbudget_offline_accuracy", by="budget")
     assert having("headbudget_batch_size_bucket") or having("headbudget_batch_size_sum")
     assert having("headbudget_queue_depth")

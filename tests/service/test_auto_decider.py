@@ -1,4 +1,4 @@
-"""budget=auto on a budgeted checkpoint with a decider (issue 17): the engine's Auto under a ceiling (the
+"""budget=auto on a budgeted checkpoint with a decider: the engine's Auto under a ceiling (the
 tier's max_budget or the request's max_budget), per-text budgets and costs in the answer, its own metrics bucket,
 batching only with other auto requests, and a clear 400 from a real engine without a decider."""
 

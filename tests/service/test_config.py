@@ -76,7 +76,7 @@ def test_keys_add_prints_a_key_once_and_stores_only_its_hash(tmp_path: Path) -> 
     assert bad.returncode == 2 and "gold" in bad.stderr
 
 
-# The engine interface speaks execution plans (issue 15), which models/ owns: the service may load the plan and
+# The engine interface speaks execution plans, which models/ owns: the service may load the plan and
 # what it is made of (torch-free, numpy only), and nothing else of models/, training or torch.
 PLAN_MODULES = ("headbudget.models", "headbudget.models.plan", "headbudget.models.budget", "headbudget.models.config",
                 "headbudget.models.model_types")

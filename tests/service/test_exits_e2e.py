@@ -1,4 +1,4 @@
-"""A real `headbudget serve` on a checkpoint with exits (issue 16's layer skipping): each budget answers what the
+"""A real `headbudget serve` on a checkpoint with exits (layer skipping): each budget answers what the
 engine's plan answers, the cost counts only the layers run, and /v1/models says where each budget stops."""
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 if (_why := engine_factory_available()) is not None:
     pytest.skip(_why, allow_module_level=True)
 
-DEEP = 50_000  # levels: far past Python's recursion limit (the 500 of issue 14)
+DEEP = 50_000  # levels: far past Python's recursion limit (which once answered 500)
 JSON_CT = {"Content-Type": "application/json"}
 
 # name -> (raw body, expected status, expected error code). Bodies a client can send to POST /classify.

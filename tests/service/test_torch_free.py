@@ -1,4 +1,4 @@
-"""A real `headbudget serve` on the ONNX engine runs with torch made unimportable (issue 15: ~200 MB per worker)."""
+"""A real `headbudget serve` on the ONNX engine runs with torch made unimportable (~200 MB less per worker)."""
 
 from __future__ import annotations
 
