@@ -150,7 +150,7 @@ def w1_by_rows(cfg: ModelConfig) -> bool:
     session; bought back in memory: the per-(layer, width) int8 copies of W1 were 21 MB over the 19 budgets of
     the AG News checkpoint, 45% of one dense int8 session (docs/results.md, 'Findings and decisions').
     """
-    return cfg.gate.scope == "model"  # both precisions: one layout, one rule
+    return cfg.gate.scope_spec.gates_ffn  # both precisions: one layout, one rule
 
 
 def pack(state: Arrays, cfg: ModelConfig, policy: BudgetPolicy, precision: Precision) -> WeightStore:
@@ -160,7 +160,7 @@ def pack(state: Arrays, cfg: ModelConfig, policy: BudgetPolicy, precision: Preci
     (``neuron_perms``); attention-scope checkpoints keep their neurons in place.
     """
     e, quantized = "encoder.embeddings.", PRECISIONS[precision].quantized
-    neuron_perms = policy.neuron_perms if cfg.gate.scope == "model" else None
+    neuron_perms = policy.neuron_perms if cfg.gate.scope_spec.gates_ffn else None
     word, word_s, w1_z = state[e + "word.weight"], None, None
     if quantized:
         # The word table is most of the model (30522 x 384 fp32 = 47 MB for MiniLM): int8 rows with one

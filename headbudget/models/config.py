@@ -2,12 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Literal
 
 from headbudget.models.model_types import REGISTRY, model_type
 
-SCOPES: tuple[str, ...] = ("attention", "model")
+Scope = Literal["attention", "model"]  # GateConfig.scope, as config.json and --scope spell it
+
+
+@dataclass(frozen=True)
+class ScopeSpec:
+    """What a budget spans, and what follows from it (docs/method.md §4)."""
+
+    # The feed-forward neuron groups are gate units beside the heads, and b is the forward pass's share of
+    # multiply-adds (plan.unit_costs) rather than the share of heads.
+    gates_ffn: bool
+    structural: bool  # structural mode (a head in every layer) applies
+    exits: bool  # exit heads (layer skipping) apply
+
+
+SCOPE_SPECS: Mapping[Scope, ScopeSpec] = MappingProxyType({
+    "attention": ScopeSpec(gates_ffn=False, structural=True, exits=False),
+    "model": ScopeSpec(gates_ffn=True, structural=False, exits=True),
+})
+SCOPES: tuple[Scope, ...] = tuple(SCOPE_SPECS)
 
 
 def parse_exits(text: str) -> tuple[int, ...]:
@@ -30,7 +50,7 @@ class GateConfig:
     # What a budget spans (docs/method.md §4): "attention" gates the heads only (§3, the published
     # method; b is the fraction of heads), "model" gates the heads and every group of ``ffn_group``
     # feed-forward neurons, and b is the fraction of their multiply-adds at ``ref_length`` tokens.
-    scope: str = "attention"
+    scope: Scope = "attention"
     # 64 neurons: a multiple of the 16/32-wide panels MLAS's fp32 and int8 GEMM kernels pack, and about one
     # head's multiply-adds (MiniLM at 128 tokens: a head 7.3M, a group of 64 6.3M), so both unit kinds move the
     # cost in steps of the same size; 1536 / 64 = 24 groups per layer.
@@ -43,16 +63,21 @@ class GateConfig:
     exits: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.scope not in SCOPES:
+        if self.scope not in SCOPE_SPECS:
             raise ValueError(f"unknown gate scope {self.scope!r}; one of {', '.join(SCOPES)}")
-        if self.scope == "model" and self.structural:
+        if self.structural and not self.scope_spec.structural:
             raise ValueError("structural mode (a head in every layer) is for the attention scope only")
         if self.ffn_group < 1 or self.ref_length < 1:
             raise ValueError(f"ffn_group and ref_length must be positive, got {self.ffn_group}, {self.ref_length}")
-        if self.exits and self.scope != "model":
+        if self.exits and not self.scope_spec.exits:
             raise ValueError("exits (layer skipping) are for the whole-model scope")
         if list(self.exits) != sorted(set(self.exits)) or any(e < 1 for e in self.exits):
             raise ValueError(f"exits must be increasing positive depths, got {list(self.exits)}")
+
+    @property
+    def scope_spec(self) -> ScopeSpec:
+        """What this gate's scope implies (``SCOPE_SPECS``)."""
+        return SCOPE_SPECS[self.scope]
 
 
 MODEL_TYPES: tuple[str, ...] = tuple(REGISTRY)  # models/model_types.py: what each type is
@@ -141,7 +166,7 @@ class ModelConfig:
             raise ValueError(f"exit depths must be below n_layers {self.n_layers}, got {list(self.gate.exits)}")
         if self.gate.exits and self.pooler != "none":
             raise ValueError("exits read the pooled vector directly: a checkpoint with a pooler layer has none")
-        if self.gate.scope == "model" and self.intermediate_size % self.gate.ffn_group:
+        if self.gate.scope_spec.gates_ffn and self.intermediate_size % self.gate.ffn_group:
             raise ValueError(f"ffn_group {self.gate.ffn_group} does not divide intermediate_size {self.intermediate_size}")
 
     @property
@@ -159,7 +184,7 @@ class ModelConfig:
     @property
     def ffn_groups(self) -> int:
         """Gated feed-forward neuron groups per layer: 0 unless the budget spans the whole model."""
-        return self.intermediate_size // self.gate.ffn_group if self.gate.scope == "model" else 0
+        return self.intermediate_size // self.gate.ffn_group if self.gate.scope_spec.gates_ffn else 0
 
     @property
     def units_per_layer(self) -> int:

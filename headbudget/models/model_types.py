@@ -24,6 +24,7 @@ class ModelType:
     # int8) and export apply. Otherwise the type chooses per input and runs on the adaptive PyTorch engine.
     static_plans: bool
     supports_auto: bool = False  # it can predict each input's own budget (budget=auto)
+    scopes: tuple[str, ...] = ("attention",)  # what its budget may span (GateConfig.scope)
 
     def build(self, cfg: Any) -> Any:
         """An untrained model of this type (imports torch)."""
@@ -31,7 +32,8 @@ class ModelType:
 
 
 REGISTRY: dict[str, ModelType] = {t.name: t for t in (
-    ModelType("budgeted", "classifier", "BudgetedClassifier", ("dense", "budget", "hard"), static_plans=True),
+    ModelType("budgeted", "classifier", "BudgetedClassifier", ("dense", "budget", "hard"), static_plans=True,
+              scopes=("attention", "model")),
     ModelType("budgetformer", "budgetformer", "BudgetFormerClassifier", ("dense", "adapt"), static_plans=False,
               supports_auto=True),
     ModelType("span", "span", "SpanClassifier", ("dense", "adapt"), static_plans=False),

@@ -158,7 +158,7 @@ def soft_cost_weights(cfg: ModelConfig) -> np.ndarray | None:
     Attention scope keeps docs/method.md §2's mean over heads exactly (a weighted mean with equal weights
     rounds differently, and the sweep of an attention checkpoint must not change by a bit).
     """
-    if cfg.gate.scope == "attention":
+    if not cfg.gate.scope_spec.gates_ffn:
         return None
     costs = unit_costs(cfg)
     return costs / costs.sum()  # type: ignore[no-any-return]
@@ -185,7 +185,7 @@ class BudgetPolicy:
         self.perms = np.stack([row[row < h] for row in units])  # (L, H) heads in rank order
         # (L, G) feed-forward groups in rank order; (L, 0) in the attention scope.
         self.ffn_perms = np.stack([row[row >= h] - h for row in units])
-        self._costs = unit_costs(cfg) if cfg.gate.scope == "model" else None
+        self._costs = unit_costs(cfg) if cfg.gate.scope_spec.gates_ffn else None
 
     @property
     def neuron_perms(self) -> np.ndarray:

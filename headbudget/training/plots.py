@@ -12,6 +12,12 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from headbudget.models.config import SCOPE_SPECS  # noqa: E402
+
+# Per bench precision: the sweep column of its hard accuracy, and the bench's all-units ONNX Runtime peer.
+_HARD_COLUMN = {"fp32": "accuracy_hard", "int8": "accuracy_hard_int8"}
+_PEER = {"fp32": "ort_fp32_ms", "int8": "ort_int8_ms"}
+
 
 def load_benches(*folders: Path) -> list[dict[str, Any]]:
     """The ``headbudget bench`` documents (bench*.json) found in ``folders``, each file once."""
@@ -39,7 +45,7 @@ def pareto_plot(sweep: dict[str, Any], path: Path, title: str | None = None,
     with an auto report (auto.json, training/auto_report.py), a last panel: budget=auto's operating points
     beside the fixed budgets, both at the mean latency measured there."""
     pts = sweep["points"]
-    whole = sweep.get("scope") == "model"
+    whole = SCOPE_SPECS[sweep.get("scope", "attention")].gates_ffn  # sweeps of attention checkpoints name none
     panels = 1 + bool(benches) + bool(auto)
     fig, axes = plt.subplots(1, panels, figsize=(7 * panels, 4.5), dpi=120, squeeze=False)
     ax = axes[0][0]
@@ -83,7 +89,7 @@ def _latency_panel(ax: Any, sweep: dict[str, Any], benches: list[dict[str, Any]]
     colors = iter(("tab:red", "tab:green", "tab:purple", "tab:orange", "tab:brown"))
     for doc in benches:
         precision = str(doc.get("precision", "fp32"))
-        column = "accuracy_hard_int8" if precision == "int8" else "accuracy_hard"
+        column = _HARD_COLUMN.get(precision, "accuracy_hard")
         xy = [(r["latency_ms"], 100 * by_budget[round(r["budget"], 4)][column]) for r in doc["rows"]
               if round(r["budget"], 4) in by_budget and column in by_budget[round(r["budget"], 4)]]
         if not xy:
@@ -93,7 +99,7 @@ def _latency_panel(ax: Any, sweep: dict[str, Any], benches: list[dict[str, Any]]
         ax.plot(*zip(*sorted(xy), strict=True), "s-", color=color, markersize=4,
                 label=f"this checkpoint, {precision}, {where}")
         peers = doc.get("peers") or {}
-        peer = peers.get("ort_int8_ms" if precision == "int8" else "ort_fp32_ms")
+        peer = peers.get(_PEER.get(precision, "ort_fp32_ms"))
         if isinstance(peer, int | float):
             ax.plot([peer], [dense], "*", color=color, markersize=11,
                     label=f"ORT, all units, {precision} ({where}; fp32 accuracy)")

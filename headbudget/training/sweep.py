@@ -43,7 +43,7 @@ def run_sweep(
     cfg, gcfg = model.cfg, model.cfg.gate
     params = model.gates.params()
     policy, weights = model.gates.policy(), soft_cost_weights(cfg)
-    whole_model = gcfg.scope == "model"
+    whole_model = gcfg.scope_spec.gates_ffn
     points, masks = [], []
     for b in budgets:
         mask = policy.mask(b)  # (L, U)
@@ -87,7 +87,7 @@ def run_sweep(
         "n_layers": cfg.n_layers,
         "n_heads": cfg.n_heads,
         "structural": gcfg.structural,
-        **({"scope": "model", "ffn_group": gcfg.ffn_group, "ref_length": gcfg.ref_length, "exits": list(gcfg.exits)}
+        **({"scope": gcfg.scope, "ffn_group": gcfg.ffn_group, "ref_length": gcfg.ref_length, "exits": list(gcfg.exits)}
            if whole_model else {}),
         "points": points,
         "spearman_025_075": gate_spearman(model),

@@ -13,7 +13,7 @@ import torch
 
 from headbudget.models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from headbudget.models.classifier import BudgetedClassifier
-from headbudget.models.config import GateConfig
+from headbudget.models.config import SCOPES, GateConfig, Scope
 from headbudget.models.factory import to_model_type
 from headbudget.models.model_types import model_type
 from headbudget.models.pretrained import Base, from_pretrained, minilm_path, random_init
@@ -25,6 +25,11 @@ from headbudget.training.recipes import LATER_FIELDS, Recipe
 from headbudget.training.stages import Stage, run_stage
 
 log = logging.getLogger(__name__)
+
+
+# Fields run.json gained later (the adaptive types, the whole-model scope, layer skipping), left out at the value
+# they had before, so that run folders written before them still resume.
+_ADDED_LATER: dict[str, Any] = {"model_type": "budgeted", "scope": "attention", "exits": []}
 
 
 @dataclass(frozen=True)
@@ -40,7 +45,7 @@ class RunConfig:
     label_column: str = "label"
     device: str = "cpu"
     model_type: str = "budgeted"  # or an adaptive type: dense warm start, then its own "adapt" stage
-    scope: str = "attention"  # what a budget spans: the heads, or the whole model (GateConfig.scope)
+    scope: Scope = "attention"  # what a budget spans: the heads, or the whole model (GateConfig.scope)
     exits: tuple[int, ...] = ()  # layer skipping: depths with an exit head (GateConfig.exits)
 
     def identity(self) -> dict[str, Any]:
@@ -48,14 +53,10 @@ class RunConfig:
         d["recipe"] = {k: v for k, v in self.recipe.to_dict().items()
                        if not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
         d.pop("device")  # where it ran does not change what it is
-        if d["model_type"] == "budgeted":
-            d.pop("model_type")  # so run folders from before the adaptive types still resume
-        if d["scope"] == "attention":
-            d.pop("scope")  # likewise for run folders from before the whole-model scope
-        if not d["exits"]:
-            d.pop("exits")  # and from before layer skipping
-        else:
-            d["exits"] = list(d["exits"])
+        d["exits"] = list(d["exits"])
+        for name, value in _ADDED_LATER.items():
+            if d[name] == value:
+                d.pop(name)
         return d
 
 
@@ -122,7 +123,7 @@ def train(run: RunConfig, out: Path) -> Path:
     ds: DataSet = load_data(run.data, run.text_column, run.label_column, seed=run.seed,
                             synthetic_size=recipe.synthetic_size)
     device = torch.device(run.device)
-    if run.scope != "attention" and run.model_type != "budgeted":
+    if run.scope in SCOPES and run.scope not in model_type(run.model_type).scopes:
         raise DataError(f"--scope {run.scope} is for the budgeted model type, not {run.model_type}")
     try:
         gate = GateConfig(structural=run.structural, scope=run.scope, exits=run.exits)

@@ -10,7 +10,7 @@ import pytest
 
 from headbudget.engine.factory import model_info
 from headbudget.engine.types import EngineOptions
-from headbudget.models.config import MODEL_TYPES, TINY, ModelConfig
+from headbudget.models.config import MODEL_TYPES, SCOPE_SPECS, SCOPES, TINY, ModelConfig, Scope
 from headbudget.models.model_types import REGISTRY, model_type
 from headbudget.training.stages import Stage
 
@@ -21,6 +21,12 @@ def test_each_type_builds_its_class_and_trains_known_stages(name: str) -> None:
     model = kind.build(ModelConfig(model_type=name, **TINY))
     assert type(model).__name__ == kind.cls and model.cfg.model_type == name
     assert kind.stages[0] == "dense" and set(kind.stages) <= set(get_args(Stage))
+
+
+def test_each_scope_has_one_row_and_every_type_names_known_scopes() -> None:
+    assert SCOPES == get_args(Scope) == tuple(SCOPE_SPECS)
+    assert all(kind.scopes and set(kind.scopes) <= set(SCOPES) for kind in REGISTRY.values())
+    assert tuple(s for s in SCOPES if SCOPE_SPECS[s].gates_ffn) == REGISTRY["budgeted"].scopes[1:] == ("model",)
 
 
 def test_unknown_types_are_refused_by_name() -> None:
