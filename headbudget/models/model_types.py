@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+# Training stages (training/stages.py: STAGES says what each does), as run folders and done.json name them.
+Stage = Literal["dense", "budget", "hard", "recover", "adapt"]
 
 
 @dataclass(frozen=True)
@@ -19,7 +22,7 @@ class ModelType:
     name: str
     module: str  # headbudget.models.<module>.<cls> builds it from a ModelConfig
     cls: str
-    stages: tuple[str, ...]  # training stages, in order (training/stages.py runs each by name)
+    stages: tuple[Stage, ...]  # training stages, in order (training/stages.py runs each)
     # One head set per budget, the same for every input: the budget sweep, the ONNX Runtime engine (fp32 and
     # int8) and export apply. Otherwise the type chooses per input and runs on the adaptive PyTorch engine.
     static_plans: bool

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Literal
 
 import numpy as np
@@ -14,12 +16,13 @@ from tqdm.auto import tqdm
 
 from headbudget.models.adaptive import AdaptiveClassifier
 from headbudget.models.classifier import BudgetedClassifier
+from headbudget.models.model_types import Stage
 from headbudget.training.batches import TokenizedSplit, batches
 from headbudget.training.evaluation import accuracy, mean_accuracy
 from headbudget.training.recipes import Recipe
 
-Stage = Literal["dense", "budget", "hard", "recover", "adapt"]
-# Which stages a model type trains, in order, is its entry in models/model_types.py.
+# Which stages a model type trains, in order, is its entry in models/model_types.py; what each stage does is its
+# row of STAGES (at the end of this module).
 
 # Learning rates of the parameters each adaptive type adds, when the recipe does not set adaptive_lr. The
 # published BudgetFormer lr (2e-5 for everything) leaves its zero-initialised relevance net near uniform
@@ -76,7 +79,7 @@ def _optimizer(model: BudgetedClassifier, recipe: Recipe, stage: Stage, steps: i
         groups.append({"params": extra, "lr": lr, "weight_decay": 0.0})
     if exits:
         groups.append({"params": exits, "lr": recipe.exit_lr, "weight_decay": 0.0})
-    if stage not in ("dense", "recover", "adapt"):
+    if STAGES[stage].trains_gates:
         groups.append({"params": gate_params, "lr": recipe.gate_lr, "weight_decay": 0.0})
     else:
         for p in gate_params:
@@ -104,11 +107,10 @@ VIOLATION_TOLERANCE = 0.05
 
 
 def _select_metric(model: BudgetedClassifier, val: TokenizedSplit, stage: Stage, recipe: Recipe) -> float:
-    if stage in ("dense", "adapt"):  # adapt: eval mode runs the adaptive model as it will be served
+    selection = STAGES[stage].selection
+    if selection == "dense":  # adapt: eval mode runs the adaptive model as it will be served
         return accuracy(model, val, "dense")
-    if stage == "recover":
-        return mean_accuracy(model, val, "hard", recipe.val_budgets)
-    if stage == "budget":
+    if selection == "soft":
         # Selecting on soft accuracy alone picked the first evaluation, taken before the gates had learned
         # to close (measured on AG News and SST-2: stage-2 "best" equalled the dense model, soft cost stuck
         # at 0.35-0.63 for b = 0.1). A state that overspends its budget is not a budgeted model, so such
@@ -116,7 +118,7 @@ def _select_metric(model: BudgetedClassifier, val: TokenizedSplit, stage: Stage,
         violation = budget_violation(model, recipe.val_budgets)
         if violation > VIOLATION_TOLERANCE:
             return -violation
-    return mean_accuracy(model, val, "soft" if stage == "budget" else "hard", recipe.val_budgets)
+    return mean_accuracy(model, val, selection, recipe.val_budgets)
 
 
 def run_stage(
@@ -131,10 +133,10 @@ def run_stage(
 
     t0 = time.perf_counter()
     device = next(model.parameters()).device
-    epochs = {"dense": recipe.dense_epochs, "budget": recipe.budget_epochs, "hard": recipe.hard_epochs,
-              "recover": recipe.hard_epochs, "adapt": recipe.adapt_epochs}[stage]
-    adaptive = model if stage == "adapt" and isinstance(model, AdaptiveClassifier) else None
-    if stage == "adapt" and adaptive is None:
+    spec = STAGES[stage]
+    epochs = spec.epochs(recipe)
+    adaptive = model if spec.adaptive and isinstance(model, AdaptiveClassifier) else None
+    if spec.adaptive and adaptive is None:
         raise ValueError("the adapt stage needs an adaptive model type (budgetformer, span, adaattention)")
     n = min(len(train), recipe.examples_per_stage or len(train))
     steps_per_epoch = math.ceil(n / recipe.batch_size)
@@ -147,7 +149,7 @@ def run_stage(
     bar = tqdm(total=steps, desc=f"{stage:>6}", mininterval=2.0, dynamic_ncols=True)
     # The bar shows a budget only where the loss takes one: the dense and adapt stages draw one they never use
     # (the draw stays, so that a run's random stream, hence its result, is what it was).
-    shows_budget = adaptive is None and stage != "dense"
+    shows_budget = spec.samples_budget
     step = 0
     model.train()
     while step < steps:
@@ -191,24 +193,49 @@ def _stage_loss(
     model: BudgetedClassifier, stage: Stage, recipe: Recipe, ids: torch.Tensor, mask: torch.Tensor,
     y: torch.Tensor, b: float, teacher: BudgetedClassifier | None,
 ) -> torch.Tensor:
-    if stage == "dense":
-        return F.cross_entropy(model(ids, mask), y)
-    if stage == "recover":
-        assert teacher is not None, "recovery distils from the dense model"
-        with torch.no_grad():
-            t_logits = teacher(ids, mask)  # dense: every head, no gates
-        # the fixed pruning mask; gates are frozen
-        s_logits = model(ids, mask, model.hard_gates(b), model.hard_depth(b))
-        return distillation_loss(s_logits, t_logits, y, recipe.distill_alpha, recipe.distill_temperature)
-    budgets = (1.0, recipe.b_min, b) if recipe.sandwich else (b,)
+    """One batch's loss in ``stage`` at budget ``b`` (``STAGES``; the adapt stage's is the adaptive type's own)."""
+    loss = STAGES[stage].loss
+    assert loss is not None, f"the {stage} stage's loss is the adaptive type's own"
+    return loss(model, recipe, ids, mask, y, b, teacher)
+
+
+def _dense_loss(model: BudgetedClassifier, recipe: Recipe, ids: torch.Tensor, mask: torch.Tensor, y: torch.Tensor,
+                b: float, teacher: BudgetedClassifier | None) -> torch.Tensor:
+    return F.cross_entropy(model(ids, mask), y)
+
+
+def _recover_loss(model: BudgetedClassifier, recipe: Recipe, ids: torch.Tensor, mask: torch.Tensor, y: torch.Tensor,
+                  b: float, teacher: BudgetedClassifier | None) -> torch.Tensor:
+    assert teacher is not None, "recovery distils from the dense model"
+    with torch.no_grad():
+        t_logits = teacher(ids, mask)  # dense: every head, no gates
+    # the fixed pruning mask; gates are frozen
+    s_logits = model(ids, mask, model.hard_gates(b), model.hard_depth(b))
+    return distillation_loss(s_logits, t_logits, y, recipe.distill_alpha, recipe.distill_temperature)
+
+
+def _sandwich(recipe: Recipe, b: float) -> tuple[float, ...]:
+    """The budgets one batch trains at: b, or with the sandwich rule 1, b_min and b."""
+    return (1.0, recipe.b_min, b) if recipe.sandwich else (b,)
+
+
+def _budget_loss(model: BudgetedClassifier, recipe: Recipe, ids: torch.Tensor, mask: torch.Tensor, y: torch.Tensor,
+                 b: float, teacher: BudgetedClassifier | None) -> torch.Tensor:
+    budgets = _sandwich(recipe, b)
     if recipe.fused_sandwich and len(budgets) > 1:
-        return _fused_stage_loss(model, stage, recipe, ids, mask, y, budgets, teacher)
-    if stage == "budget":
-        gates = model.soft_gates(torch.tensor(budgets, device=ids.device))  # (n_budgets, L, U)
-        losses = [F.cross_entropy(model(ids, mask, gates[i]), y) + budget_losses(model, gates[i:i + 1], bi, recipe)
-                  for i, bi in enumerate(budgets)]
-        return torch.stack(losses).mean()
+        return _fused_budget_loss(model, recipe, ids, mask, y, budgets)
+    gates = model.soft_gates(torch.tensor(budgets, device=ids.device))  # (n_budgets, L, U)
+    losses = [F.cross_entropy(model(ids, mask, gates[i]), y) + budget_losses(model, gates[i:i + 1], bi, recipe)
+              for i, bi in enumerate(budgets)]
+    return torch.stack(losses).mean()
+
+
+def _hard_stage_loss(model: BudgetedClassifier, recipe: Recipe, ids: torch.Tensor, mask: torch.Tensor,
+                     y: torch.Tensor, b: float, teacher: BudgetedClassifier | None) -> torch.Tensor:
+    budgets = _sandwich(recipe, b)
     assert teacher is not None, "hard adaptation distils from the frozen stage-2 (or dense) model"
+    if recipe.fused_sandwich and len(budgets) > 1:
+        return _fused_hard_loss(model, recipe, ids, mask, y, budgets, teacher)
     dense_teacher = recipe.hard_teacher == "dense"
     with torch.no_grad():
         # The dense teacher's answer does not depend on the budget: one forward pass serves every budget.
@@ -245,20 +272,22 @@ def _hard_loss(
     return loss
 
 
-def _fused_stage_loss(
-    model: BudgetedClassifier, stage: Stage, recipe: Recipe, ids: torch.Tensor, mask: torch.Tensor,
-    y: torch.Tensor, budgets: tuple[float, ...], teacher: BudgetedClassifier | None,
-) -> torch.Tensor:
+def _fused_budget_loss(model: BudgetedClassifier, recipe: Recipe, ids: torch.Tensor, mask: torch.Tensor,
+                       y: torch.Tensor, budgets: tuple[float, ...]) -> torch.Tensor:
     """The sandwich's loss from one forward pass: the batch repeated once per budget, each copy with its gates."""
+    bsz = ids.shape[0]
+    ids_r, mask_r, bt = _repeated(ids, mask, budgets)
+    gates = model.soft_gates(bt)  # (nb, L, U)
+    logits = model(ids_r, mask_r, gates.repeat_interleave(bsz, dim=0)).split(bsz)
+    return torch.stack([F.cross_entropy(logits[i], y) + budget_losses(model, gates[i:i + 1], bi, recipe)
+                        for i, bi in enumerate(budgets)]).mean()
+
+
+def _fused_hard_loss(model: BudgetedClassifier, recipe: Recipe, ids: torch.Tensor, mask: torch.Tensor,
+                     y: torch.Tensor, budgets: tuple[float, ...], teacher: BudgetedClassifier) -> torch.Tensor:
+    """Stage 3's sandwich from one forward pass of the student (and of a soft teacher), as ``_fused_budget_loss``."""
     nb, bsz = len(budgets), ids.shape[0]
-    ids_r, mask_r = ids.repeat(nb, 1), mask.repeat(nb, 1)  # (nb*B, N): copy i runs at budgets[i]
-    bt = torch.tensor(budgets, device=ids.device)
-    if stage == "budget":
-        gates = model.soft_gates(bt)  # (nb, L, U)
-        logits = model(ids_r, mask_r, gates.repeat_interleave(bsz, dim=0)).split(bsz)
-        return torch.stack([F.cross_entropy(logits[i], y) + budget_losses(model, gates[i:i + 1], bi, recipe)
-                            for i, bi in enumerate(budgets)]).mean()
-    assert teacher is not None, "hard adaptation distils from the frozen stage-2 (or dense) model"
+    ids_r, mask_r, bt = _repeated(ids, mask, budgets)
     with torch.no_grad():
         if recipe.hard_teacher == "dense":
             t_one, t_st = teacher.logits_and_states(ids, mask)
@@ -275,3 +304,48 @@ def _fused_stage_loss(
     return torch.stack([
         _hard_loss(s_logits[i], [s.split(bsz)[i] for s in s_st_all], t_logits[i], t_states[i], mask, y, recipe)
         for i in range(nb)]).mean()
+
+
+def _repeated(ids: torch.Tensor, mask: torch.Tensor, budgets: tuple[float, ...]) -> tuple[torch.Tensor, ...]:
+    """The batch once per budget, (nb*B, N) ids and mask (copy i runs at budgets[i]), and the budgets (nb,)."""
+    nb = len(budgets)
+    return ids.repeat(nb, 1), mask.repeat(nb, 1), torch.tensor(budgets, device=ids.device)
+
+
+_Loss = Callable[[BudgetedClassifier, Recipe, torch.Tensor, torch.Tensor, torch.Tensor, float,
+                  BudgetedClassifier | None], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """What one stage trains and how (docs/method.md §6)."""
+
+    epochs: Callable[[Recipe], float]  # its length, from the recipe
+    loss: _Loss | None  # one batch's loss at its budget; None: the adaptive type's own (forward_adaptive)
+    trains_gates: bool  # the gate parameters learn (frozen otherwise)
+    samples_budget: bool  # its loss takes the batch's budget, b ~ U[b_min, 1] (or the fixed one)
+    # The accuracy that picks the weights it keeps: unmasked, or the mean over the recipe's val_budgets with
+    # soft gates (among states that keep their budget, budget_violation) or the hard mask.
+    selection: Literal["dense", "soft", "hard"]
+    adaptive: bool = False  # it trains an adaptive type (the trainer converts the dense warm start first)
+    # The stage whose frozen model it distils from, by recipe (the trainer loads it); None: no teacher, or (the
+    # per-budget recovery) one its caller passes.
+    teacher: Callable[[Recipe], str] | None = None
+    starts_exits: bool = False  # exit heads start here as copies of the classifier, and train from here on
+    skipped_by_a_trained_head: bool = False  # a base that is already a classifier of the data's labels skips it
+
+
+STAGES: Mapping[Stage, StageSpec] = MappingProxyType({
+    "dense": StageSpec(epochs=lambda r: r.dense_epochs, loss=_dense_loss, trains_gates=False, samples_budget=False,
+                       selection="dense", skipped_by_a_trained_head=True),
+    "budget": StageSpec(epochs=lambda r: r.budget_epochs, loss=_budget_loss, trains_gates=True, samples_budget=True,
+                        selection="soft"),
+    # From the stage-2 soft model or the dense one (Recipe.hard_teacher).
+    "hard": StageSpec(epochs=lambda r: r.hard_epochs, loss=_hard_stage_loss, trains_gates=True, samples_budget=True,
+                      selection="hard", teacher=lambda r: "budget" if r.hard_teacher == "soft" else "dense",
+                      starts_exits=True),
+    "recover": StageSpec(epochs=lambda r: r.hard_epochs, loss=_recover_loss, trains_gates=False, samples_budget=True,
+                         selection="hard"),
+    "adapt": StageSpec(epochs=lambda r: r.adapt_epochs, loss=None, trains_gates=False, samples_budget=False,
+                       selection="dense", adaptive=True),
+})

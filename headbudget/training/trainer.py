@@ -7,7 +7,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -22,7 +22,7 @@ from headbudget.training.batches import TokenizedSplit, tokenize
 from headbudget.training.data import DataError, DataSet, load_data
 from headbudget.training.evaluation import accuracy
 from headbudget.training.recipes import LATER_FIELDS, Recipe
-from headbudget.training.stages import Stage, run_stage
+from headbudget.training.stages import STAGES, Stage, run_stage
 
 log = logging.getLogger(__name__)
 
@@ -86,15 +86,15 @@ def _skip_dense(model: BudgetedClassifier, base: Base, val: TokenizedSplit) -> d
             "skipped": base.note}
 
 
-def _as_run_gate(model: BudgetedClassifier, gate: GateConfig, stage: str, stage_dir: Path) -> BudgetedClassifier:
+def _as_run_gate(model: BudgetedClassifier, gate: GateConfig, stage: Stage, stage_dir: Path) -> BudgetedClassifier:
     """A finished stage's model with this run's gate settings; a stage copied from another run (variants that
-    share its dense and budget stages) may carry other exits. Exits only act from stage 3 on, so an earlier
-    stage takes the run's exits (fresh exit heads: stage 3 starts them from the classifier); anything else
+    share its dense and budget stages) may carry other exits. Exits only act from the stage that starts them
+    (stage 3) on, so an earlier stage takes the run's exits (fresh exit heads: stage 3 starts them from the classifier); anything else
     that differs is refused, not trained on."""
     have = model.cfg.gate
     if have == gate or model.cfg.model_type != "budgeted":
         return model
-    if replace(have, exits=gate.exits) != gate or stage == "hard":
+    if replace(have, exits=gate.exits) != gate or STAGES[stage].starts_exits:
         raise DataError(f"{stage_dir} was trained with gate settings {have}, this run asks for {gate}; "
                         "choose another --out or remove that stage")
     out = BudgetedClassifier(replace(model.cfg, gate=gate))
@@ -144,8 +144,8 @@ def train(run: RunConfig, out: Path) -> Path:
     log.info("data %s: %d train, %d validation, labels %s", ds.name, len(train_split), len(val_split), ds.labels)
     results: dict[str, Any] = {}
     teacher: BudgetedClassifier | None = None
-    stages = cast(tuple[Stage, ...], model_type(run.model_type).stages)
-    for i, stage in enumerate(stages):
+    for i, stage in enumerate(model_type(run.model_type).stages):
+        spec = STAGES[stage]
         stage_dir = out / "stages" / stage
         done = stage_dir / "done.json"
         if done.is_file():
@@ -157,14 +157,14 @@ def train(run: RunConfig, out: Path) -> Path:
             results[stage] = json.loads(done.read_text())
             log.info("stage %s: already done (val %.4f), resuming after it", stage, results[stage]["best_val"])
         else:
-            if stage == "hard":  # distil from a frozen copy of the stage-2 soft model, or of the dense one
-                teacher, _ = load_checkpoint(out / "stages" / ("budget" if recipe.hard_teacher == "soft" else "dense"))
+            if spec.teacher is not None:  # distil from a frozen copy of an earlier stage's model
+                teacher, _ = load_checkpoint(out / "stages" / spec.teacher(recipe))
                 teacher = teacher.to(device).eval()
-            if stage == "hard" and model.cfg.gate.exits:  # exits start from the classifier on top
+            if spec.starts_exits and model.cfg.gate.exits:  # exits start from the classifier on top
                 model.init_exits()
-            if stage == "adapt":  # the dense warm start becomes the adaptive type here
+            if spec.adaptive:  # the dense warm start becomes the adaptive type here
                 model = to_model_type(model, run.model_type, seed=run.seed + i)
-            if stage == "dense" and base.head_loaded:
+            if spec.skipped_by_a_trained_head and base.head_loaded:
                 record = _skip_dense(model, base, val_split)
             else:
                 record = asdict(run_stage(model, stage, recipe, train_split, val_split, seed=run.seed + i,

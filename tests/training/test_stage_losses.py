@@ -6,18 +6,31 @@ import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from typing import get_args
 
 import pytest
 import torch
 
 from headbudget.models.config import GateConfig
+from headbudget.models.model_types import REGISTRY
 from headbudget.models.pretrained import random_init
 from headbudget.training.recipes import get_recipe, parse_overrides
-from headbudget.training.stages import _stage_loss
+from headbudget.training.stages import STAGES, Stage, _stage_loss
 from headbudget.training.trainer import RunConfig
 from tests.conftest import run_cli
 
 LABELS = ("a", "b", "c")
+
+
+def test_each_stage_has_one_row_and_teachers_come_first() -> None:
+    """STAGES covers Stage; a stage's teacher is an earlier stage of every type that trains it."""
+    assert tuple(STAGES) == get_args(Stage)
+    recipes = [replace(get_recipe("smoke"), hard_teacher=t) for t in ("soft", "dense")]
+    for kind in REGISTRY.values():
+        for i, stage in enumerate(kind.stages):
+            teacher = STAGES[stage].teacher
+            assert teacher is None or {teacher(r) for r in recipes} <= set(kind.stages[:i]), (kind.name, stage)
+            assert (STAGES[stage].loss is None) == STAGES[stage].adaptive
 
 
 def _model(seed: int = 0):  # type: ignore[no-untyped-def]
