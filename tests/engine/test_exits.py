@@ -1,4 +1,4 @@
-"""Layer skipping (issue 16): a checkpoint with exits keeps its budgets nested over heads and neurons, a plan
+"""Layer skipping: a checkpoint with exits keeps its budgets nested over heads and neurons, a plan
 whose units all lie below an exit stops there, costs only the layers it runs, and every engine gives the
 reference's logits, read at the exit, at every budget."""
 

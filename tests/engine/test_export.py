@@ -1,5 +1,5 @@
 """`headbudget export --format onnx`: a standalone file with only the kept heads that bare ONNX Runtime runs
-with the engine's logits (issue 18)."""
+with the engine's logits."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Whole-model budgets (docs/method.md §4) on the engines: a plan drops heads and feed-forward neurons, the
 ONNX engine gives the masked reference model's logits at every budget in both layouts, int8 mostly agrees, and
-the standalone export holds only the kept neurons (issue 16)."""
+the standalone export holds only the kept neurons."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`headbudget train --base <fine-tuned Hugging Face classifier>`: the dense stage is skipped and said so,
-and the budgeted checkpoint serves (issue 18)."""
+and the budgeted checkpoint serves."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stage-3 options: the dense teacher, hidden-state distillation and the sandwich rule (issue 16)."""
+"""Stage-3 options: the dense teacher, hidden-state distillation and the sandwich rule."""
 
 from __future__ import annotations
 
