@@ -86,6 +86,10 @@ class Metrics:
         self.degraded = Counter("headbudget_degraded_total",
                                 "Requests run below their budget to meet the tier's latency target, by tier.",
                                 ["tier"], registry=r)
+        self.compute_degraded = Counter(
+            "headbudget_compute_degraded_units", "Compute requested but not run because the server lowered the "
+            "budget to meet the tier's latency target, in compute units (the dense model's multiply-adds per token "
+            "at 128 tokens), by tier: the autoscaler's signal of capacity short.", ["tier"], registry=r)
         self.state_up = Gauge("headbudget_state_backend_up",
                               "1 when the shared state store (Redis or memory) answers, else 0.", registry=r,
                               multiprocess_mode="livemin")
@@ -127,6 +131,17 @@ class Metrics:
             self.macs_saved.labels(tier=tier).inc(max(0, c.attention_saved))
         if degraded:
             self.degraded.labels(tier=tier).inc()
+
+    def observe_degraded_compute(self, tier: str, units: float) -> None:
+        """Compute units a request asked for but did not run because its budget was lowered."""
+        if units > 0:
+            self.compute_degraded.labels(tier=tier).inc(units)
+
+    def declare_tiers(self, tiers: Iterable[str]) -> None:
+        """Publish the per-tier counters the autoscaler reads at 0 before any traffic: a pod without the series
+        has no value for prometheus-adapter, and a missing metric stops the HPA from scaling down."""
+        for tier in tiers:
+            self.compute_degraded.labels(tier=tier)
 
     def observe_feedback(self, budget_label: str, correct: bool, accuracy: float | None) -> None:
         """One feedback outcome and, when known, the budget's new rolling accuracy."""

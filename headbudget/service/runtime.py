@@ -54,6 +54,7 @@ class Runtime:
         self.grid_neurons = {b: sum(p.ffn) for b, p in plans.items() if p.ffn is not None}
         self.grid_depth = {b: p.depth for b, p in plans.items() if p.depth is not None}
         self.metrics.set_offline_accuracy(list(self.info.sweep.accuracy.items()) if self.info.sweep else [])
+        self.metrics.declare_tiers(self.config.tiers)
         self.state_ok = await self.state.ping()
         self.metrics.set_state_up(self.state_ok)
 
@@ -85,6 +86,7 @@ class Runtime:
             log.warning("[state] changes need a restart; keeping the running state store")
         self.config = new
         self.batcher.server = new.server
+        self.metrics.declare_tiers(new.tiers)
         log.info("config reloaded", extra={"tiers": sorted(new.tiers), "keys": len(new.keys)})
         return True
 
