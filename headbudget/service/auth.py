@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from headbudget.service.errors import Forbidden, RateLimited, Unauthorized, Unavailable
 from headbudget.service.metrics import Metrics
-from headbudget.service.settings import ServiceConfig, StateConfig, TierConfig
+from headbudget.service.settings import ServiceConfig, StateConfig, TierConfig, utc_text
 from headbudget.service.state import StateStore, StateUnavailable
 
 KEY_PREFIX = "hb_"
@@ -23,21 +23,6 @@ def new_key() -> str:
 def hash_key(key: str) -> str:
     """The SHA-256 hex digest a key is stored as."""
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
-
-
-def append_key(config_path: Path, tier: str, name: str = "") -> str:
-    """Create a key for ``tier``, append its hash to the TOML file, and return the key (the only copy)."""
-    key = new_key()
-    text = config_path.read_text(encoding="utf-8") if config_path.exists() else ""
-    entry = f'\n[[keys]]\nsha256 = "{hash_key(key)}"\ntier = "{tier}"\n'
-    if name:
-        entry += f"name = {_toml_string(name)}\n"
-    config_path.write_text(text.rstrip("\n") + "\n" + entry, encoding="utf-8")
-    return key
-
-
-def _toml_string(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 @dataclass(frozen=True)
@@ -64,8 +49,10 @@ def presented_key(x_api_key: str | None, authorization: str | None) -> str | Non
     return key or bearer
 
 
-def identify(config: ServiceConfig, extra_hashes: dict[str, str], key: str | None, client: str) -> Caller:
-    """The caller a key belongs to; 401 for no key (unless an anonymous tier is configured) or a wrong one."""
+def identify(config: ServiceConfig, extra_hashes: dict[str, str], key: str | None, client: str,
+             now: float | None = None) -> Caller:
+    """The caller a key belongs to; 401 for no key (unless an anonymous tier is configured), a wrong one, a revoked
+    one, or one past its expiry at ``now`` (Unix seconds; default: the clock, so no reload is needed)."""
     if key is None:
         anon = config.development.anonymous_tier
         if anon is None:
@@ -74,6 +61,11 @@ def identify(config: ServiceConfig, extra_hashes: dict[str, str], key: str | Non
     digest = hash_key(key)
     for entry in config.keys:
         if secrets.compare_digest(entry.sha256, digest):
+            state = entry.state(time.time() if now is None else now)
+            if state == "revoked":
+                raise Unauthorized("this API key has been revoked")
+            if state == "expired":
+                raise Unauthorized(f"this API key expired at {utc_text(entry.expires)}")
             return Caller(config.tier(entry.tier), digest[:16], entry.name or digest[:8])
     tier = extra_hashes.get(digest)
     if tier is not None and tier in config.tiers:

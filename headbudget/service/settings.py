@@ -16,10 +16,19 @@ import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import replace
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationError,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from headbudget.engine.types import Backend, EngineOptions, Precision
@@ -80,12 +89,55 @@ class TierConfig(_Strict):
         return self.min_budget if self.min_budget is not None else 0.1
 
 
+def utc_instant(value: object) -> datetime:
+    """A key's time as an aware UTC datetime: a TOML date (00:00 UTC that day), a TOML datetime or an ISO
+    string (without an offset: UTC). Anything else (a number, a bare time) is refused rather than guessed."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value) if "T" in value or " " in value else date.fromisoformat(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a date (2026-12-31) or an ISO datetime "
+                             "(2026-12-31T18:00:00Z)") from None
+    if isinstance(value, datetime):
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    if isinstance(value, date):
+        return datetime(value.year, value.month, value.day, tzinfo=UTC)
+    raise ValueError("expected a date (2026-12-31) or an ISO datetime (2026-12-31T18:00:00Z)")
+
+
+def utc_text(t: datetime | None) -> str:
+    """An instant as the file spells it (2026-12-31T00:00:00Z); "-" for none."""
+    return "-" if t is None else t.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+UtcInstant = Annotated[datetime, BeforeValidator(utc_instant)]
+KeyState = Literal["active", "revoked", "expired"]
+
+
 class KeyConfig(_Strict):
     """One API key, stored as the SHA-256 of the key (never the key itself)."""
 
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
     tier: str
     name: str = ""  # a label for logs and audits; never the key
+    # A revoked key keeps its entry, so that audits can still tell whose it was and since when it is refused.
+    revoked: StrictBool = False
+    revoked_at: UtcInstant | None = None
+    expires: UtcInstant | None = None  # refused from this instant on, reload or not
+
+    @model_validator(mode="after")
+    def _check(self) -> KeyConfig:
+        if self.revoked_at is not None and not self.revoked:
+            raise ValueError("revoked_at is set but revoked is not true")
+        return self
+
+    def state(self, now: float) -> KeyState:
+        """Whether the key is served at ``now`` (Unix seconds): a revocation outranks an expiry."""
+        if self.revoked:
+            return "revoked"
+        if self.expires is not None and now >= self.expires.timestamp():
+            return "expired"
+        return "active"
 
 
 class ServerConfig(_Strict):
@@ -137,6 +189,10 @@ class ServiceConfig(_Strict):
             if not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", name):
                 raise ValueError(f"tier name {name!r}: use 1-32 letters, digits, '_' or '-'")
         known = set(self.tiers)
+        hashes = [key.sha256 for key in self.keys]
+        if len(set(hashes)) != len(hashes):  # one entry revoked and a copy not would leave the key in service
+            twice = sorted({h[:12] for h in hashes if hashes.count(h) > 1})
+            raise ValueError(f"a key is listed more than once (sha256 {', '.join(twice)}...); keep one entry")
         for key in self.keys:
             if key.tier not in known:
                 raise ValueError(f"a key names tier {key.tier!r}, which is not defined ({sorted(known)})")
