@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "docker" / "prometheus" / "alerts.yml"
 PROMETHEUS_YML = ROOT / "docker" / "prometheus" / "prometheus.yml"
 DASHBOARD = ROOT / "docker" / "grafana" / "dashboards" / "headbudget.json"
+ADAPTER_RULES = ROOT / "deploy" / "kubernetes" / "prometheus-adapter" / "rules.yaml"
 
 # Names that are not ours but may appear in queries.
 PROMETHEUS_BUILTIN = {"up"}
@@ -68,6 +69,25 @@ def parse_with_promtool(exprs: dict[str, str], tmp: Path) -> None:
     if proc.returncode != 0:
         bad = {f"n{i}": n for i, n in enumerate(names)}
         pytest.fail(f"promtool rejects a query ({bad}):\n{proc.stdout}{proc.stderr}")
+
+
+def adapter_rules() -> list[dict[str, Any]]:
+    """prometheus-adapter's rules (deploy/kubernetes/prometheus-adapter/rules.yaml)."""
+    return list(yaml.safe_load(ADAPTER_RULES.read_text())["rules"])
+
+
+def adapter_series(rule: dict[str, Any]) -> str:
+    """The series name an adapter rule's seriesQuery selects (what the adapter puts in ``<<.Series>>``)."""
+    m = re.match(r"\s*([a-zA-Z_:][\w:]*)\s*\{", rule["seriesQuery"])
+    assert m, f"seriesQuery {rule['seriesQuery']!r} does not start with a series name"
+    return m.group(1)
+
+
+def adapter_query(rule: dict[str, Any], label_matchers: str, group_by: str) -> str:
+    """An adapter rule's metricsQuery filled in as the adapter fills it for one HPA request: the series, the
+    selected objects' labels (``namespace="ns",pod=~"a|b"``) and the label it groups by (``pod``)."""
+    return (rule["metricsQuery"].replace("<<.Series>>", adapter_series(rule))
+            .replace("<<.LabelMatchers>>", label_matchers).replace("<<.GroupBy>>", group_by))
 
 
 def metric_names(expr: str) -> set[str]:

@@ -12,6 +12,7 @@ import yaml
 from tests.ops.promql import (
     DASHBOARD,
     ROOT,
+    adapter_rules,
     dashboard,
     dashboard_queries,
     exported_labels,
@@ -98,9 +99,24 @@ def test_panels_cover_the_issue() -> None:
     assert having("headbudget_online_accuracy", by="budget") and having("headbudget_offline_accuracy", by="budget")
     assert having("headbudget_batch_size_bucket") or having("headbudget_batch_size_sum")
     assert having("headbudget_queue_depth")
+    assert having("headbudget_compute_degraded_units_total", by="tier")  # the autoscaler's other signal
     quantiles = {q for p in panels for t in p["targets"]
                  for q in re.findall(r"histogram_quantile\((0\.\d+)", t["expr"])}
     assert {"0.5", "0.99"} <= quantiles
+
+
+def test_degraded_compute_panel_marks_the_hpa_target() -> None:
+    """The panel of degraded compute draws the HPA's target per pod and the same 5-minute rate the adapter serves."""
+    hpa = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "base" / "hpa.yaml").read_text())
+    target = next(float(m["pods"]["target"]["averageValue"]) for m in hpa["spec"]["metrics"]
+                  if m["pods"]["metric"]["name"] == "headbudget_compute_degraded_units_per_second")
+    (panel,) = [p for p in _panels()
+                if any("headbudget_compute_degraded_units_total" in metric_names(t["expr"]) for t in p["targets"])]
+    steps = panel["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert [s["value"] for s in steps] == [None, target]
+    (rule,) = [r for r in adapter_rules() if r["name"]["as"] == "headbudget_compute_degraded_units_per_second"]
+    window = re.search(r"\[(\w+)\]", rule["metricsQuery"]).group(1)
+    assert any(f"[{window}]" in t["expr"] and "by (instance)" in t["expr"] for t in panel["targets"])
 
 
 def test_datasource_provisioning_matches_the_dashboard_and_compose() -> None:

@@ -19,7 +19,15 @@ import pytest
 import yaml
 
 from headbudget.service.settings import parse_config
-from tests.ops.promql import ALERTS, ROOT, parse_with_promtool
+from tests.ops.promql import (
+    ADAPTER_RULES,
+    ALERTS,
+    ROOT,
+    adapter_query,
+    adapter_series,
+    exported_series_names,
+    parse_with_promtool,
+)
 
 K8S = ROOT / "deploy" / "kubernetes"
 SCHEMAS = Path(__file__).with_name("schemas")
@@ -173,25 +181,42 @@ def test_service_toml_points_at_the_redis_service() -> None:
         assert int(m.group(2)) in {p["port"] for p in redis["spec"]["ports"]}
 
 
-def test_hpa_scales_the_deployment_on_the_adapter_metric(tmp_path: Path) -> None:
+def test_hpa_scales_the_deployment_on_the_adapter_metrics(tmp_path: Path) -> None:
+    """Queue depth and degraded compute, each a per-pod metric served by one adapter rule (how the HPA decides on
+    them against real series: test_autoscaling.py)."""
     docs = render("base")
     hpa = one(docs, "HorizontalPodAutoscaler")
     assert hpa["apiVersion"] == "autoscaling/v2"
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "headbudget"}
     assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
-    (metric,) = hpa["spec"]["metrics"]
-    assert metric["type"] == "Pods" and metric["pods"]["target"]["type"] == "AverageValue"
-    rules_doc = yaml.safe_load((K8S / "prometheus-adapter" / "rules.yaml").read_text())
-    (rule,) = rules_doc["rules"]
-    assert metric["pods"]["metric"]["name"] == rule["name"]["as"]
-    assert re.fullmatch(rule["name"]["matches"], "headbudget_queue_depth")
-    assert rule["resources"]["overrides"] == {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
+    metrics = hpa["spec"]["metrics"]
+    assert all(m["type"] == "Pods" and m["pods"]["target"]["type"] == "AverageValue" for m in metrics)
+    assert all(float(m["pods"]["target"]["averageValue"]) > 0 for m in metrics)
+    rules_doc = yaml.safe_load(ADAPTER_RULES.read_text())
+    by_name = {r["name"]["as"]: r for r in rules_doc["rules"]}
+    names = [m["pods"]["metric"]["name"] for m in metrics]
+    assert sorted(names) == sorted(by_name), "every HPA metric needs an adapter rule, every rule feeds the HPA"
+    assert set(names) == {"headbudget_queue_depth", "headbudget_compute_degraded_units_per_second"}
+    exported = exported_series_names()
+    filled = {}
+    for name, rule in by_name.items():
+        series = adapter_series(rule)
+        assert series in exported, f"{name}: the service exports no {series}"
+        assert re.fullmatch(rule["name"]["matches"], series)
+        assert rule["resources"]["overrides"] == {"namespace": {"resource": "namespace"},
+                                                  "pod": {"resource": "pod"}}
+        filled[name] = adapter_query(rule, 'namespace="ns",pod=~"headbudget-.*"', "pod")
+        filled[f"{name} series"] = rule["seriesQuery"]
+    # Degraded compute is a counter: the adapter serves its rate, over minutes so that only sustained
+    # degradation counts.
+    degraded = by_name["headbudget_compute_degraded_units_per_second"]["metricsQuery"]
+    window = re.fullmatch(r"sum by \(<<\.GroupBy>>\) \(rate\(<<\.Series>>\{<<\.LabelMatchers>>\}\[(\d+)m\]\)\)",
+                          degraded)
+    assert window and int(window.group(1)) >= 2, degraded
     helm = yaml.safe_load((K8S / "prometheus-adapter" / "values.yaml").read_text())
     assert helm["rules"]["custom"] == rules_doc["rules"], "values.yaml and rules.yaml disagree"
-    # Both queries parse once the adapter's templates are filled in as it would.
-    filled = (rule["metricsQuery"].replace("<<.Series>>", "headbudget_queue_depth")
-              .replace("<<.LabelMatchers>>", 'namespace="ns",pod=~"headbudget-.*"').replace("<<.GroupBy>>", "pod"))
-    parse_with_promtool({"series": rule["seriesQuery"], "metrics": filled}, tmp_path)
+    # Every query parses once the adapter's templates are filled in as it would.
+    parse_with_promtool(filled, tmp_path)
     # The adapter kustomization ships exactly that file.
     (cm,) = render("prometheus-adapter")
     assert yaml.safe_load(cm["data"]["config.yaml"]) == rules_doc
