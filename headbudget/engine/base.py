@@ -11,6 +11,7 @@ import numpy as np
 
 from headbudget.engine.decider import passes_cost, pooled_features, run_auto
 from headbudget.engine.errors import BudgetError, InputError, ModelLoadError
+from headbudget.engine.meter import TokenMeter
 from headbudget.engine.store import Embeddings
 from headbudget.engine.types import (
     Auto,
@@ -126,6 +127,15 @@ class EngineBase:
     def count_tokens(self, texts: Sequence[str]) -> list[tuple[int, bool]]:
         enc = self.encoder.encode(check_texts(texts))
         return [(len(ids), cut) for ids, cut in zip(enc.ids, enc.truncated, strict=True)]
+
+    def meter(self) -> TokenMeter:
+        # A tokenizer of its own: the Meter is called from other threads while this engine runs.
+        return TokenMeter(TextEncoder(self.model_dir, self.max_length), self.shape, self.meter_plan)
+
+    def meter_plan(self, budget: float) -> ExecutionPlan:
+        """The plan for ``budget`` without touching the backend's state (the Meter calls it off this thread); a
+        backend whose ``make_plan`` caches executor state overrides it."""
+        return self.make_plan(check_budget(budget))
 
     def predict(self, texts: Sequence[str], budget: float) -> BatchResult:
         b = check_budget(budget)

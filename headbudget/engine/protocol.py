@@ -5,7 +5,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from headbudget.engine.types import BatchResult, ExecutionPlan, ModelInfo, Runnable
+from headbudget.engine.types import BatchResult, Cost, ExecutionPlan, ModelInfo, Runnable
+
+
+class Meter(Protocol):
+    """Prices requests before they run. Unlike the Engine, safe to call from any thread: it has a tokenizer of its
+    own and its plans are plain data, so admission can price a request while a forward pass runs."""
+
+    def count_tokens(self, texts: Sequence[str]) -> list[tuple[int, bool]]:
+        """(tokens after truncation, truncated?) per text: what the engine will count."""
+        ...
+
+    def cost(self, budget: float, n_tokens: int) -> Cost:
+        """One pass at ``budget`` for a text of ``n_tokens``: what a Prediction at that budget reports (for a type
+        that picks its own heads per input, the cap: the most that input may run)."""
+        ...
 
 
 class Engine(Protocol):
@@ -23,6 +37,10 @@ class Engine(Protocol):
 
     def count_tokens(self, texts: Sequence[str]) -> list[tuple[int, bool]]:
         """(tokens after truncation, truncated?) per text, without running the model."""
+        ...
+
+    def meter(self) -> Meter:
+        """A Meter for this checkpoint (call once, on the engine's thread; the Meter may then go anywhere)."""
         ...
 
     def predict(self, texts: Sequence[str], budget: float) -> BatchResult:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from headbudget.engine.base import EngineBase
+from headbudget.engine.base import EngineBase, check_budget
 from headbudget.engine.errors import ModelLoadError
 from headbudget.engine.precision import PRECISIONS
 from headbudget.engine.store import Embeddings
@@ -45,6 +45,9 @@ class TorchEngine(EngineBase):
         # so the plan's per-layer counts fix the mask and its key may stand for it.
         self._masks[plan.key] = self.policy.mask(budget)
         return plan
+
+    def meter_plan(self, budget: float) -> ExecutionPlan:
+        return self.policy.plan(check_budget(budget))  # make_plan without the mask it caches for this thread
 
     def embedding_tables(self) -> Embeddings:
         if self._tables is None:

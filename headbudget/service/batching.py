@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from headbudget.engine.errors import EngineError
-from headbudget.engine.protocol import Engine
+from headbudget.engine.protocol import Engine, Meter
 from headbudget.engine.types import Auto, BudgetRequest, LatencyTarget, ModelInfo, Prediction
 from headbudget.service.errors import Overloaded
 from headbudget.service.latency import LatencyModel
@@ -86,6 +86,7 @@ class Batcher:
         self._started = threading.Event()
         self._start_error: BaseException | None = None
         self.engine: Engine | None = None
+        self.meter: Meter | None = None  # prices requests at admission, off this thread (engine/protocol.py)
         self.latency: LatencyModel | None = None
         self.planner: Planner | None = None
         self.ready = False
@@ -176,6 +177,7 @@ class Batcher:
         try:
             engine = self._factory()
             engine.warmup()
+            self.meter = engine.meter()
             self.engine = engine
             self.latency = LatencyModel(engine.info.bench, engine.info.max_length)
             self.planner = Planner(engine, self.latency)

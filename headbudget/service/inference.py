@@ -14,6 +14,7 @@ from starlette.requests import Request
 from headbudget.engine.types import Auto, BudgetRequest, Fixed, LatencyTarget
 from headbudget.service.auth import Caller, check_budget
 from headbudget.service.batching import JobResult
+from headbudget.service.compute import Bill, bill, units
 from headbudget.service.errors import BadRequest, ClientGone, InvalidRequest, Unavailable
 from headbudget.service.runtime import Runtime
 from headbudget.service.schemas import BudgetSource, ClassifyRequest, ClassifyResponse, ModelRef, TextResult
@@ -117,20 +118,41 @@ async def answer(runtime: Runtime, caller: Caller, body: ClassifyRequest, params
     return await classify(runtime, caller, body, choice, request)
 
 
-async def classify(runtime: Runtime, caller: Caller, body: ClassifyRequest, choice: BudgetChoice,
-                   request: Request) -> ClassifyResponse:
-    """Run one /classify request through the queue and build its answer."""
-    started = time.perf_counter()
-    info = runtime.info
-    if info is None or not runtime.batcher.ready:
+@dataclass(frozen=True)
+class Answered:
+    """A request the model answered, and what it is charged."""
+
+    result: JobResult
+    bill: Bill
+
+
+async def run(runtime: Runtime, caller: Caller, texts: list[str], choice: BudgetChoice,
+              request: Request) -> Answered:
+    """The queue path of /classify and the TEI routes: queue, wait (or cancel if the client leaves), charge,
+    metrics, the feedback store and the access log's fields."""
+    if runtime.info is None or runtime.unit is None or not runtime.batcher.ready:
         raise Unavailable("the model is not loaded yet", retry_after_s=5)
-    texts = body.all_texts()
     job = runtime.batcher.submit(texts, caller.tier, choice.request)
     try:
         result = await _wait(request, job.future)
     except (ClientGone, asyncio.CancelledError):
         runtime.batcher.cancel(job)
         raise
+    charged = bill(runtime.unit, result.predictions)
+    applied = text_budgets(result)
+    runtime.metrics.observe_answer(caller.tier.name, [p.cost for p in result.predictions], result.degraded)
+    await _remember(runtime, request.state.request_id, caller, result, applied)
+    _annotate(request, choice, result, len(texts), charged)
+    return Answered(result, charged)
+
+
+async def classify(runtime: Runtime, caller: Caller, body: ClassifyRequest, choice: BudgetChoice,
+                   request: Request) -> ClassifyResponse:
+    """Run one /classify request through the queue and build its answer."""
+    started = time.perf_counter()
+    answered = await run(runtime, caller, body.all_texts(), choice, request)
+    info, result = runtime.info, answered.result
+    assert info is not None
     request_id: str = request.state.request_id
     requested: float | Literal["auto"] = "auto" if choice.auto else result.budget_requested
     applied = text_budgets(result)
@@ -141,15 +163,13 @@ async def classify(runtime: Runtime, caller: Caller, body: ClassifyRequest, choi
         neurons_total=p.cost.neurons_total, cost=round(p.cost.ratio, 6),
         attention_cost=round(p.cost.attention_ratio, 6),
         truncated=p.truncated, n_tokens=p.n_tokens, latency_ms=round(result.latency_s * 1000, 3),
-        degraded=result.degraded) for p, b in zip(result.predictions, applied, strict=True)]
-    runtime.metrics.observe_answer(caller.tier.name, [p.cost for p in result.predictions], result.degraded)
-    await _remember(runtime, request_id, caller, result, applied)
-    _annotate(request, choice, result, len(texts))
+        degraded=result.degraded, charge=units(c))
+        for p, b, c in zip(result.predictions, applied, answered.bill.texts, strict=True)]
     return ClassifyResponse(
         model=ModelRef(name=info.name, checksum=info.checksum), request_id=request_id, tier=caller.tier.name,
         budget_source=choice.source, max_latency_ms=choice.max_latency_ms, degraded=result.degraded,
         queue_ms=round(result.queue_s * 1000, 3), latency_ms=round((time.perf_counter() - started) * 1000, 3),
-        results=results)
+        charge=units(answered.bill.total), results=results)
 
 
 def text_budgets(result: JobResult) -> list[float]:
@@ -173,9 +193,10 @@ async def _remember(runtime: Runtime, request_id: str, caller: Caller, result: J
         log.warning("could not store the answer for feedback: %s", e)
 
 
-def _annotate(request: Request, choice: BudgetChoice, result: JobResult, n_texts: int) -> None:
+def _annotate(request: Request, choice: BudgetChoice, result: JobResult, n_texts: int, charged: Bill) -> None:
     """Fields for the access log."""
     s = request.state
+    s.charge = units(charged.total)
     s.budget_requested = AUTO if choice.auto else result.budget_requested
     s.budget_applied = result.budget_applied  # the batch's budget (for auto and caps: the cap, or the ceiling)
     s.budget_source, s.degraded, s.n_texts = choice.source, result.degraded, n_texts

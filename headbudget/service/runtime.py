@@ -9,6 +9,7 @@ from pathlib import Path
 from headbudget.engine.protocol import Engine
 from headbudget.engine.types import ModelInfo
 from headbudget.service.batching import Batcher
+from headbudget.service.compute import ComputeUnit
 from headbudget.service.metrics import Metrics
 from headbudget.service.settings import ConfigError, ServiceConfig, load_config
 from headbudget.service.state import StateStore, make_state
@@ -29,6 +30,7 @@ class Runtime:
         self.state: StateStore = state if state is not None else make_state(config.state)
         self.batcher = Batcher(engine_factory, config.server, self.metrics)
         self.info: ModelInfo | None = None
+        self.unit: ComputeUnit | None = None  # what charges are counted in, from the checkpoint (service/compute.py)
         self.grid_heads: dict[float, int] = {}  # grid budget -> most heads it buys, computed at start-up
         self.grid_neurons: dict[float, int] = {}  # grid budget -> feed-forward neurons (whole-model budgets only)
         self.grid_depth: dict[float, int] = {}  # grid budget -> layers run, where the plan stops at an exit
@@ -47,7 +49,8 @@ class Runtime:
         self.info = info
         # "auto" labels 1.0 where a number is a cap (BudgetFormer); a decider's auto runs are labelled by the batcher.
         self.metrics.supports_auto = info.supports_auto and info.decider is None
-        assert self.batcher.planner is not None and self.batcher.engine is not None
+        assert self.batcher.planner is not None and self.batcher.engine is not None and self.batcher.meter is not None
+        self.unit = ComputeUnit.of(self.batcher.meter)
         engine = self.batcher.engine
         plans = {b: engine.plan(b) for b in self.budget_grid()}
         self.grid_heads = {b: p.heads_active for b, p in plans.items()}

@@ -112,6 +112,8 @@ class TextResult(BaseModel):
     latency_ms: float = Field(description="forward pass of the batch this text ran in")
     degraded: bool = Field(description="run below the requested budget (for `auto`: under a cap below the tier's "
                                        "max_budget) to meet the tier's latency target")
+    charge: float | None = Field(None, description="compute units charged for this text: the multiply-adds it ran "
+                                 "(`cost` of the dense pass at its length) in units of `compute_unit` (/v1/models)")
 
 
 class ClassifyResponse(BaseModel):
@@ -127,6 +129,8 @@ class ClassifyResponse(BaseModel):
     degraded: bool
     queue_ms: float = Field(description="time spent waiting for the model")
     latency_ms: float = Field(description="time from arrival to answer inside the server")
+    charge: float | None = Field(None, description="compute units charged for the request: the sum of its texts' "
+                                 "charges, what counts against the key's compute quota and usage")
     results: list[TextResult]
 
 
@@ -161,6 +165,16 @@ class BudgetPoint(BaseModel):
     latency_ms: float | None = Field(None, description="from the benchmark table, refreshed by the service")
 
 
+class ComputeUnitInfo(BaseModel):
+    """What one compute unit is: what answers, quotas and usage count in."""
+
+    description: str
+    reference_tokens: int = Field(description="the length the unit is defined at")
+    reference_macs: int = Field(description="multiply-adds of the dense model on one text of reference_tokens "
+                                            "tokens: reference_tokens units")
+    macs: float = Field(description="multiply-adds in one unit")
+
+
 class ModelCard(BaseModel):
     """The loaded checkpoint."""
 
@@ -178,6 +192,7 @@ class ModelCard(BaseModel):
                                 "budget or has no auto")
     dense_accuracy: float | None
     budgets: list[BudgetPoint]
+    compute_unit: ComputeUnitInfo | None = Field(None, description="what one compute unit (`charge`) is")
 
 
 class ModelList(BaseModel):

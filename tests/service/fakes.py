@@ -118,14 +118,26 @@ class FakeEngine:
             p = 0.5 + ((h % 1000) / 1000 - 0.5) * 0.9
             scores = {self.info.labels[0]: 1 - p, self.info.labels[1]: p}
             label = max(scores, key=lambda lab: scores[lab])
-            dense = 1000 * n
-            attention = dense * active // total  # the rest of the forward pass (2 x dense) always runs here
-            cost = Cost(heads_active=active, heads_total=total, attention_macs=attention,
-                        attention_macs_dense=dense, total_macs=attention + 2 * dense, total_macs_dense=3 * dense)
+            cost = self.text_cost(active, n)
             preds.append(Prediction(label=label, scores=scores, logits=[0.0, 0.0], n_tokens=n, truncated=truncated,
                                     cost=cost, budget_chosen=chosen))
         return BatchResult(predictions=preds, budget=budget, heads_active=k, heads_total=total,
                            latency_s=time.perf_counter() - started)
+
+    def text_cost(self, active: int, n: int) -> Cost:
+        """One text's cost with ``active`` heads on ``n`` tokens: 1000 MACs a token in attention, 2000 in the rest
+        of the forward pass (which always runs here)."""
+        total, dense = self.info.n_layers * self.info.n_heads, 1000 * n
+        attention = dense * active // total
+        return Cost(heads_active=active, heads_total=total, attention_macs=attention, attention_macs_dense=dense,
+                    total_macs=attention + 2 * dense, total_macs_dense=3 * dense)
+
+    def cap_heads(self, budget: float) -> int:
+        """The most heads a text may run at ``budget`` (what the plan says)."""
+        return self._k(budget)
+
+    def meter(self) -> FakeMeter:
+        return FakeMeter(self)
 
     def run_fraction(self, budget: float) -> float:
         """The fraction of heads a batch at ``budget`` runs (its simulated speed)."""
@@ -140,6 +152,19 @@ class FakeEngine:
 
     def close(self) -> None:
         self.closed = True
+
+
+class FakeMeter:
+    """The fake engine's Meter: its token count and its cost at the plan's heads, without the engine's lock."""
+
+    def __init__(self, engine: FakeEngine) -> None:
+        self._engine = engine
+
+    def count_tokens(self, texts: Sequence[str]) -> list[tuple[int, bool]]:
+        return self._engine._count_tokens(texts)
+
+    def cost(self, budget: float, n_tokens: int) -> Cost:
+        return self._engine.text_cost(self._engine.cap_heads(budget), n_tokens)
 
 
 class FakeBudgetFormer(FakeEngine):
@@ -166,6 +191,9 @@ class FakeBudgetFormer(FakeEngine):
 
     def run_fraction(self, budget: float) -> float:
         return self._cap(budget) / self.info.n_heads
+
+    def cap_heads(self, budget: float) -> int:
+        return self._cap(budget) * self.info.n_layers
 
     def heads_for(self, text: str, budget: float) -> tuple[int, float | None]:
         """Its own heads per layer within the cap; what it chose is that fraction of the heads."""

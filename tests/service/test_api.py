@@ -30,7 +30,7 @@ async def test_classify_single_text_fields_and_headers() -> None:
     (res,) = body["results"]
     assert set(res) == {"label", "scores", "budget_requested", "budget_applied", "heads_active", "heads_total",
                         "neurons_active", "neurons_total", "cost", "attention_cost", "truncated", "n_tokens",
-                        "latency_ms", "degraded", "budget_chosen", "passes"}
+                        "latency_ms", "degraded", "budget_chosen", "passes", "charge"}
     assert res["label"] in ("negative", "positive") and abs(sum(res["scores"].values()) - 1) < 1e-6
     assert res["budget_requested"] == res["budget_applied"] == 0.5
     assert res["budget_chosen"] is None  # a checkpoint with one plan per budget chooses nothing per text

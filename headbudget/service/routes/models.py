@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from headbudget.service.compute import REFERENCE_TOKENS
 from headbudget.service.deps import RuntimeDep
 from headbudget.service.errors import Unavailable
 from headbudget.service.routes import error_responses
-from headbudget.service.schemas import BudgetPoint, ModelCard, ModelList
+from headbudget.service.schemas import BudgetPoint, ComputeUnitInfo, ModelCard, ModelList
 
 router = APIRouter(tags=["models"])
 
 
 @router.get("/v1/models", response_model=ModelList, responses=error_responses(503))
 async def list_models(runtime: RuntimeDep) -> ModelList:
-    """The loaded checkpoint: labels, heads, and the budget grid with offline accuracy and latency."""
+    """The loaded checkpoint: labels, heads, the budget grid with offline accuracy and latency, and what one
+    compute unit is."""
     info, latency = runtime.info, runtime.batcher.latency
     if info is None or latency is None:
         raise Unavailable("the model is not loaded yet", retry_after_s=5)
@@ -25,8 +27,12 @@ async def list_models(runtime: RuntimeDep) -> ModelList:
                           latency_ms=round(latency.estimate_ms(b, latency.ref_tokens), 3))
               for b in runtime.budget_grid()]
     dense = info.sweep.dense_accuracy if info.sweep else None
+    unit = runtime.unit
+    unit_info = None if unit is None else ComputeUnitInfo(
+        description=unit.describe(), reference_tokens=REFERENCE_TOKENS, reference_macs=unit.reference_macs,
+        macs=round(unit.macs, 3))
     card = ModelCard(id=info.name, checksum=info.checksum, labels=list(info.labels), n_layers=info.n_layers,
                      n_heads=info.n_heads, heads_total=info.n_layers * info.n_heads, max_length=info.max_length,
                      supports_auto=info.supports_auto, decider=info.decider.kind if info.decider else None,
-                     dense_accuracy=dense, budgets=points)
+                     dense_accuracy=dense, budgets=points, compute_unit=unit_info)
     return ModelList(data=[card])

@@ -5,7 +5,6 @@ codes and error shape ``{"error", "error_type"}``. The budget comes from the key
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import time
@@ -24,11 +23,10 @@ from headbudget.engine.errors import BudgetError, EngineError, InputError
 from headbudget.engine.types import Prediction
 from headbudget.service import inference
 from headbudget.service.auth import Caller
-from headbudget.service.batching import JobResult
+from headbudget.service.compute import units
 from headbudget.service.deps import CallerDep, RuntimeDep
 from headbudget.service.errors import (
     ApiError,
-    ClientGone,
     Forbidden,
     MalformedJson,
     Overloaded,
@@ -217,25 +215,6 @@ def _cut_chars(texts: list[str], truncate: bool) -> list[str]:
     return [t[:MAX_TEXT_CHARS] for t in texts]
 
 
-async def _run(runtime: Runtime, caller: Caller, texts: list[str], choice: inference.BudgetChoice,
-               request: Request) -> JobResult:
-    """/classify's queue path (``inference.classify`` without its response shaping, which drops the logits
-    that ``raw_scores`` needs): queue, wait or cancel, metrics, the feedback store, the access log."""
-    if runtime.info is None or not runtime.batcher.ready:
-        raise Unavailable("the model is not loaded yet", retry_after_s=5)
-    job = runtime.batcher.submit(texts, caller.tier, choice.request)
-    try:
-        result = await inference._wait(request, job.future)
-    except (ClientGone, asyncio.CancelledError):
-        runtime.batcher.cancel(job)
-        raise
-    applied = inference.text_budgets(result)
-    runtime.metrics.observe_answer(caller.tier.name, [p.cost for p in result.predictions], result.degraded)
-    await inference._remember(runtime, request.state.request_id, caller, result, applied)
-    inference._annotate(request, choice, result, len(texts))
-    return result
-
-
 def _sigmoid(z: float) -> float:
     return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
 
@@ -276,7 +255,8 @@ async def _predict(body: PredictRequest, request: Request, runtime: Runtime, cal
     asked = inference.BudgetParams(budget=budget if budget is not None else x_budget,
                                    max_budget=max_budget if max_budget is not None else x_max_budget)
     choice = inference.choose_budget(classify_body, asked, caller, info.supports_auto if info else False)
-    result = await _run(runtime, caller, texts, choice, request)
+    answered = await inference.run(runtime, caller, texts, choice, request)
+    result = answered.result
     labels = info.labels if info else ()
     cut = [i for i, p in enumerate(result.predictions) if p.truncated]
     max_len = info.max_length if info else 0
@@ -297,6 +277,9 @@ async def _predict(body: PredictRequest, request: Request, runtime: Runtime, cal
         "x-queue-time": str(int(result.queue_s * 1000)), "x-inference-time": str(int(result.latency_s * 1000)),
         "x-budget-applied": ",".join(f"{b:g}" for b in inference.text_budgets(result)),
         "x-degraded": "true" if result.degraded else "false",
+        # the compute units charged (/v1/models' compute_unit): the request's, and each input's in order
+        "x-charge": f"{units(answered.bill.total):g}",
+        "x-charge-per-input": ",".join(f"{units(c):g}" for c in answered.bill.texts),
     }
     # the Inference API's convention (`parameters` present): a single input is a batch of one, as
     # InferenceClient.text_classification reads it

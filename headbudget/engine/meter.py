@@ -1,0 +1,39 @@
+"""What a request will cost before it runs: exact token counts and a budget's multiply-adds, off the engine thread.
+
+The service prices a request at admission (its compute quota and per-request cap) while the engine's one thread
+may be in the middle of a forward pass. A ``TokenMeter`` therefore has a tokenizer of its own and prices plans
+that are plain data, so it never touches the engine's sessions, caches or tokenizer.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+from headbudget.engine.types import Cost, ExecutionPlan
+from headbudget.models.plan import Shape
+from headbudget.models.tokenizer import TextEncoder
+
+
+class TokenMeter:
+    """The Meter of the engines built on EngineBase (engine/protocol.py ``Meter``)."""
+
+    def __init__(self, encoder: TextEncoder, shape: Shape, plan: Callable[[float], ExecutionPlan]) -> None:
+        self._encoder = encoder  # a copy of the engine's: same tokenizer file, same max_length
+        self._shape = shape
+        self._plan = plan  # budget -> plan, without side effects on the engine
+        self._lock = threading.Lock()  # one tokenizer, callers on several threads (the loop, its executor)
+        self._plans: dict[float, ExecutionPlan] = {}
+
+    def count_tokens(self, texts: Sequence[str]) -> list[tuple[int, bool]]:
+        with self._lock:
+            enc = self._encoder.encode(list(texts))
+        return [(len(ids), cut) for ids, cut in zip(enc.ids, enc.truncated, strict=True)]
+
+    def cost(self, budget: float, n_tokens: int) -> Cost:
+        plan = self._plans.get(budget)
+        if plan is None:
+            if len(self._plans) > 10_000:  # budgets are any number: keep the cache bounded
+                self._plans.clear()
+            plan = self._plans[budget] = self._plan(budget)
+        return plan.cost(self._shape, n_tokens)

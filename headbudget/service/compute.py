@@ -1,0 +1,83 @@
+"""The compute unit, and what a request is charged in it.
+
+One **compute unit** is the multiply-adds of the whole dense model on one token at the reference length: the dense
+forward pass of a text of ``REFERENCE_TOKENS`` tokens, divided by that length. A text is charged the multiply-adds
+its plan ran on its own tokens (``Cost.total_macs``, attention's quadratic term included), in that unit: a dense
+text of n tokens costs about n units, the same text at a budget b about n x cost(b). A request's charge is the sum
+of its texts'. Charges are integers in milli-units, each text's rounded up, so that quotas and usage add up
+exactly; answers show units with three decimals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from headbudget.engine.protocol import Meter
+from headbudget.engine.types import Cost, Prediction
+
+REFERENCE_TOKENS = 128
+MILLI = 1000  # milli-units per unit
+
+
+def units(milli: int) -> float:
+    """Milli-units as units, as answers and logs show them."""
+    return round(milli / MILLI, 3)
+
+
+def milli_of_units(value: float) -> int:
+    """A configured amount of units (a quota, a cap) in milli-units, the nearest one."""
+    return round(value * MILLI)
+
+
+@dataclass(frozen=True)
+class ComputeUnit:
+    """The unit of the loaded checkpoint: ``reference_macs``, the dense model's multiply-adds on one text of
+    ``REFERENCE_TOKENS`` tokens, is worth ``REFERENCE_TOKENS`` units."""
+
+    reference_macs: int
+
+    @classmethod
+    def of(cls, meter: Meter) -> ComputeUnit:
+        return cls(meter.cost(1.0, REFERENCE_TOKENS).total_macs_dense)
+
+    @property
+    def macs(self) -> float:
+        """Multiply-adds in one unit."""
+        return self.reference_macs / REFERENCE_TOKENS
+
+    def milli(self, macs: int) -> int:
+        """``macs`` multiply-adds in milli-units, rounded up (integer arithmetic: exact)."""
+        return -(-macs * REFERENCE_TOKENS * MILLI // self.reference_macs)
+
+    def describe(self) -> str:
+        return (f"one compute unit = the multiply-adds of the whole dense model on one token of a "
+                f"{REFERENCE_TOKENS}-token text ({self.macs:,.0f} multiply-adds on this checkpoint); a text of n "
+                f"tokens at budget b is charged about n x cost(b) units")
+
+
+@dataclass(frozen=True)
+class Bill:
+    """What one answered request is charged: milli-units per text, its tokens, and what it saved."""
+
+    texts: tuple[int, ...]  # milli-units per text
+    tokens: int
+    saved: int  # milli-units the dense model would have cost on top (dense minus what ran)
+
+    @property
+    def total(self) -> int:
+        return sum(self.texts)
+
+
+def text_charge(unit: ComputeUnit, cost: Cost) -> tuple[int, int]:
+    """(milli-units charged, milli-units saved against the dense pass) for one text's cost."""
+    run = unit.milli(cost.total_macs)
+    # Under a decider's auto a text's passes add up and may pass the dense cost: that saved nothing.
+    return run, max(0, unit.milli(cost.total_macs_dense) - run)
+
+
+def bill(unit: ComputeUnit, predictions: Sequence[Prediction]) -> Bill:
+    """The charge of what ran: each answer's own cost."""
+    charges = [text_charge(unit, p.cost) for p in predictions]
+    return Bill(texts=tuple(c for c, _ in charges), tokens=sum(p.n_tokens for p in predictions),
+                saved=sum(s for _, s in charges))
