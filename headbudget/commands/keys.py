@@ -107,6 +107,9 @@ def run_add(args: argparse.Namespace) -> int:
         return _without_keys(new) == _without_keys(old) and new.get("keys") == [*old.get("keys", []), added]
 
     _replace_checked(args.config, text, new_text, check)
+    if args.name and any(k.name == args.name and not k.revoked for k in config.keys):
+        # allowed (rotation: the new key first, then revoke the old one), but --name can no longer pick one
+        print(f"note: another key is also named {args.name!r}; revoke either with --sha256 PREFIX", file=sys.stderr)
     until = f", refused from {_utc(expires)}" if expires is not None else ""
     print(f"added a key for tier {args.tier!r} to {args.config}{until}; it is shown only now. "
           "Send SIGHUP to a running server to load it.", file=sys.stderr)
@@ -153,6 +156,8 @@ def run_revoke(args: argparse.Namespace) -> int:
         print(f"key {label} is already revoked (since {_utc(target.revoked_at)}); {args.config} is unchanged",
               file=sys.stderr)
         return 0
+    # Marked, not deleted: the access log names keys, so an audit must still find whose a key was and since
+    # when it is refused, and its holder is told "revoked" rather than "unknown".
     now = datetime.now(UTC).replace(microsecond=0)
     text = args.config.read_text(encoding="utf-8")
     new_text = _mark_revoked(text, index, now)

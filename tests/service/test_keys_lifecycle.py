@@ -181,6 +181,17 @@ def test_add_with_expiry_list_and_revoke(config: Path, capsys: pytest.CaptureFix
     assert code == 0 and "already revoked" in err and config.read_text() == before  # idempotent
 
 
+def test_rotating_a_key_under_the_same_name(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A second key named like a live one is allowed (rotation) with a note that --name no longer picks one."""
+    assert keys(capsys, "add", "--tier", "cheap", "--name", "ci", "--config", str(config))[0] == 0
+    code, new, err = keys(capsys, "add", "--tier", "cheap", "--name", "ci", "--config", str(config))
+    assert code == 0 and "also named 'ci'" in err
+    old = load_config(config).keys[0]
+    assert keys(capsys, "revoke", "--sha256", old.sha256[:12], "--config", str(config))[0] == 0
+    assert [k.revoked for k in load_config(config).keys] == [True, False]
+    assert identify(load_config(config), {}, new.strip(), "c").name == "ci"
+
+
 def test_list_shows_an_expired_key(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with config.open("a") as f:
         f.write(f'\n[[keys]]\nsha256 = "{hash_key(OLD)}"\ntier = "cheap"\nname = "old"\nexpires = 2020-01-01\n')
@@ -199,7 +210,7 @@ def test_revoke_edits_only_its_entry_and_keeps_comments(config: Path, capsys: py
     assert keys(capsys, "revoke", "--name", "alice", "--config", str(config))[0] == 0
     new = config.read_text()
     assert "# a comment about the next key\n[[keys]]" in new and "# the old one" in new
-    assert "revoked = false" not in new and new.count("revoked = true") == 2
+    assert "revoked = false" not in new and new.count("\nrevoked = true\n") == 2
     old_doc, new_doc = tomllib.loads(text), tomllib.loads(new)
     assert {k: v for k, v in new_doc.items() if k != "keys"} == {k: v for k, v in old_doc.items() if k != "keys"}
     assert [(k["name"], k["revoked"]) for k in new_doc["keys"]] == [("old", True), ("alice", True)]
