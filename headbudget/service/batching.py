@@ -15,12 +15,13 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from headbudget.engine.errors import EngineError
 from headbudget.engine.protocol import Engine, Meter
 from headbudget.engine.types import Auto, BudgetRequest, LatencyTarget, ModelInfo, Prediction
+from headbudget.service.compute import ComputeUnit, units
 from headbudget.service.errors import Overloaded
 from headbudget.service.latency import LatencyModel
 from headbudget.service.metrics import Metrics
@@ -87,6 +88,7 @@ class Batcher:
         self._start_error: BaseException | None = None
         self.engine: Engine | None = None
         self.meter: Meter | None = None  # prices requests at admission, off this thread (engine/protocol.py)
+        self._unit: ComputeUnit | None = None  # for the compute that degraded requests did not get
         self.latency: LatencyModel | None = None
         self.planner: Planner | None = None
         self.ready = False
@@ -178,6 +180,7 @@ class Batcher:
             engine = self._factory()
             engine.warmup()
             self.meter = engine.meter()
+            self._unit = ComputeUnit.of(self.meter)
             self.engine = engine
             self.latency = LatencyModel(engine.info.bench, engine.info.max_length)
             self.planner = Planner(engine, self.latency)
@@ -281,6 +284,10 @@ class Batcher:
             preds = result.predictions[offset:offset + len(job.texts)]
             offset += len(job.texts)
             want, mine = wants[job.seq], applied[job.seq]
+            if mine < want:  # the autoscaler's signal: what degrading took from this request
+                assert self.meter is not None and self._unit is not None
+                self._metrics.observe_degraded_compute(
+                    job.tier.name, degraded_units(self.meter, self._unit, want, mine, [p.n_tokens for p in preds]))
             _deliver(job, JobResult(
                 predictions=preds, budget_requested=want, budget_applied=mine,
                 heads_active=result.heads_active, heads_total=result.heads_total, latency_s=result.latency_s,
@@ -296,6 +303,13 @@ class Batcher:
                     latency.observe_text(len(text), pred.n_tokens)
 
         return bookkeeping
+
+
+def degraded_units(meter: Meter, unit: ComputeUnit, want: float, applied: float, tokens: Sequence[int]) -> float:
+    """Compute units that texts of ``tokens`` tokens asked for at budget ``want`` and did not get at ``applied``:
+    the two plans' multiply-adds apart (for a type that picks its own heads, or a decider's auto, the caps')."""
+    macs = sum(meter.cost(want, n).total_macs - meter.cost(applied, n).total_macs for n in tokens)
+    return units(unit.milli(max(0, macs)))
 
 
 def _deliver(job: Job, outcome: JobResult | BaseException) -> None:

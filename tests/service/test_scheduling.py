@@ -17,6 +17,7 @@ from headbudget.service.planner import Planner
 from headbudget.service.settings import parse_config
 from tests.service.conftest import config_dict, headers, make_config, running_app
 from tests.service.fakes import FakeEngine
+from tests.service.test_api import sample
 
 pytestmark = pytest.mark.anyio
 
@@ -181,12 +182,22 @@ async def test_degrading_tier_answers_lower_budgets_instead_of_503() -> None:
         await asyncio.sleep(0.2)
         engine.gate.set()
         rs = await asyncio.gather(*tasks)
+        metrics = (await client.get("/metrics")).text
+        meter, unit = app.state.runtime.batcher.meter, app.state.runtime.unit
     assert [r.status_code for r in rs] == [200] * 12, [r.text for r in rs if r.status_code != 200]
     results = [r.json() for r in rs]
     degraded = [r for r in results if r["degraded"]]
     assert degraded and all(r["results"][0]["budget_applied"] < r["results"][0]["budget_requested"] == 1.0
                             for r in degraded)
     assert all(r["results"][0]["budget_applied"] >= 0.1 for r in results)
+    # The autoscaler's signal: the compute the degraded answers asked for and did not get, in compute units.
+    lost = sum((meter.cost(t["budget_requested"], t["n_tokens"]).total_macs
+                - meter.cost(t["budget_applied"], t["n_tokens"]).total_macs) / unit.macs
+               for r in degraded for t in r["results"])
+    assert lost > 0
+    assert sample(metrics, "headbudget_compute_degraded_units_total", tier="flex") == \
+        pytest.approx(lost, abs=1e-3 * len(degraded))
+    assert 'headbudget_compute_degraded_units_total{tier="quality"} 0.0' in metrics  # at 0 before any degrading
 
 
 async def test_503_when_even_min_budget_cannot_make_the_target() -> None:
