@@ -182,6 +182,7 @@ def test_degrading_tier_answers_lower_budgets_instead_of_503(server: Server) -> 
     assert int(refused.headers["retry-after"]) >= 1 and refused.json()["error"]["code"] == "overloaded"
     metrics = httpx.get(f"{server.url}/metrics").text
     assert sample(metrics, "headbudget_degraded_total", tier="flex") >= 1
+    assert sample(metrics, "headbudget_compute_degraded_units_total", tier="flex") > 0  # the autoscaler's signal
 
 
 def reload_config(server: Server, config: dict[str, Any]) -> None:
