@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 import tomllib
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,8 @@ def run_revoke(args: argparse.Namespace) -> int:
 
     def check(old: dict[str, Any], new: dict[str, Any]) -> bool:
         want = list(old["keys"])
+        if want[index].get("sha256") != target.sha256:  # the file changed since it was read
+            return False
         want[index] = {**want[index], "revoked": True, "revoked_at": now}
         return _without_keys(new) == _without_keys(old) and new.get("keys") == want
 
@@ -196,7 +199,8 @@ def _mark_revoked(text: str, index: int, when: datetime) -> str:
     return "".join([*lines[:start], *body[:last + 1], *added, *body[last + 1:], *lines[end:]])
 
 
-def _replace_checked(path: Path, old_text: str, new_text: str, check: Any) -> None:
+def _replace_checked(path: Path, old_text: str, new_text: str,
+                     check: Callable[[dict[str, Any], dict[str, Any]], bool]) -> None:
     """Write ``new_text`` over ``path`` if it parses to what ``check(old_doc, new_doc)`` expects and validates as a
     service config; through a temporary file and a rename, so the file is always either old or new."""
     from headbudget.service.settings import ConfigError, load_config
