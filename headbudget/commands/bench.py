@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from headbudget.commands.common import CliError, existing_dir, positive_int
-from headbudget.engine.types import DEFAULT_PRECISION
+from headbudget.engine.names import DEFAULT_PRECISION
 
 
 def register(subparsers: Any) -> None:

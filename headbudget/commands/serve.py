@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from headbudget.commands.common import CliError, existing_dir, positive_int, refuse_standin
-from headbudget.engine.types import DEFAULT_PRECISION
+from headbudget.engine.names import DEFAULT_PRECISION
 
 log = logging.getLogger(__name__)
 

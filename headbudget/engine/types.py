@@ -4,23 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import Any, overload
 
 from headbudget.engine.artifacts import BenchRecord, SweepRecord
 from headbudget.engine.budget_request import Auto, BudgetRequest, Fixed, LatencyTarget, Runnable
 from headbudget.engine.decider import DECIDER_FILE, Decider
 from headbudget.engine.errors import BudgetError
+from headbudget.engine.names import DEFAULT_PRECISION, Backend, Precision
 from headbudget.models.plan import Cost, ExecutionPlan  # re-exported: the engine interface speaks plans
 
-__all__ = ["Auto", "Backend", "BatchResult", "BenchRecord", "BudgetRequest", "Cost", "Decider", "EngineOptions",
+__all__ = ["DEFAULT_PRECISION", "Auto", "Backend", "BatchResult", "BenchRecord", "BudgetRequest", "Cost", "Decider", "EngineOptions",
            "ExecutionPlan", "Fixed", "LatencyTarget", "ModelInfo", "Precision", "Prediction", "Runnable",
            "SweepRecord"]
 
-Backend = Literal["onnxruntime", "torch"]
-Precision = Literal["fp32", "int8"]
-# What `headbudget serve` and `headbudget bench` run unless told: the int8 engine, faster than fp32 at its
-# accuracy within quantization noise (docs/results.md). serve falls back to fp32 where there is no int8 engine.
-DEFAULT_PRECISION: Precision = "int8"
 
 
 @dataclass(frozen=True)
