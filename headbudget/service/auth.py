@@ -1,4 +1,4 @@
-"""API keys and tiers: key generation and hashing, who a request is, and its rate limit."""
+"""API keys and tiers: key generation and hashing, who a request is, and its rate limit and compute quota."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from headbudget.service.errors import Forbidden, RateLimited, Unauthorized, Unavailable
+from headbudget.service.compute import units
+from headbudget.service.errors import ComputeQuotaExceeded, Forbidden, RateLimited, Unauthorized, Unavailable
 from headbudget.service.metrics import Metrics
 from headbudget.service.settings import ServiceConfig, StateConfig, TierConfig, utc_text
-from headbudget.service.state import StateStore, StateUnavailable
+from headbudget.service.state import ComputeLimit, StateStore, StateUnavailable
 
 KEY_PREFIX = "hb_"
 
@@ -84,13 +85,43 @@ async def enforce_rate(state: StateStore, state_cfg: StateConfig, metrics: Metri
     try:
         decision = await state.hit(caller.owner, caller.tier.rate_limit, caller.tier.burst)
     except StateUnavailable:
-        metrics.state_errors.labels(operation="rate_limit").inc()
-        metrics.set_state_up(False)
-        if state_cfg.on_error == "closed":
-            raise Unavailable("rate limits cannot be checked (state store unavailable)", retry_after_s=1) from None
+        _state_down(state_cfg, metrics)
         return
     metrics.set_state_up(True)
     if not decision.allowed:
-        raise RateLimited(f"rate limit of tier {caller.tier.name!r} exceeded "
-                          f"({caller.tier.rate_limit:g}/min, burst {caller.tier.burst})",
-                          retry_after_s=decision.retry_after_s)
+        raise _rate_limited(caller.tier, decision.retry_after_s)
+
+
+async def admit(state: StateStore, state_cfg: StateConfig, metrics: Metrics, caller: Caller, charge: int) -> bool:
+    """429 with Retry-After over the tier's request rate or its compute quota for a request of ``charge``
+    milli-units, both checked in one atomic step (a refused request spends neither); when the store is down, fail
+    open or closed as configured. True when ``charge`` was reserved against a quota: the answer then settles it to
+    what ran (``StateStore.settle``)."""
+    tier, compute = caller.tier, ComputeLimit.of(caller.tier)
+    try:
+        decision = await state.admit(caller.owner, tier.rate_limit, tier.burst, compute, charge)
+    except StateUnavailable:
+        _state_down(state_cfg, metrics)
+        return False
+    metrics.set_state_up(True)
+    if decision.allowed:
+        return compute is not None
+    if decision.refused_by == "compute":
+        raise ComputeQuotaExceeded(
+            f"compute quota of tier {tier.name!r} exceeded: this request would be charged up to {units(charge):g} "
+            f"compute units and the key may spend {tier.compute_per_minute:g} per minute, at most "
+            f"{tier.burst_units:g} at once", retry_after_s=decision.retry_after_s)
+    raise _rate_limited(tier, decision.retry_after_s)
+
+
+def _rate_limited(tier: TierConfig, retry_after_s: float) -> RateLimited:
+    return RateLimited(f"rate limit of tier {tier.name!r} exceeded ({tier.rate_limit:g}/min, burst {tier.burst})",
+                       retry_after_s=retry_after_s)
+
+
+def _state_down(state_cfg: StateConfig, metrics: Metrics) -> None:
+    """The store did not answer: count it, and refuse (503) if limits fail closed."""
+    metrics.state_errors.labels(operation="rate_limit").inc()
+    metrics.set_state_up(False)
+    if state_cfg.on_error == "closed":
+        raise Unavailable("rate limits cannot be checked (state store unavailable)", retry_after_s=1) from None

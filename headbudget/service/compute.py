@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from headbudget.engine.protocol import Meter
-from headbudget.engine.types import Cost, Prediction
+from headbudget.engine.types import Auto, BudgetRequest, Cost, Fixed, LatencyTarget, Prediction
+from headbudget.service.errors import ComputeCapExceeded
+from headbudget.service.settings import TierConfig
 
 REFERENCE_TOKENS = 128
 MILLI = 1000  # milli-units per unit
@@ -81,3 +83,50 @@ def bill(unit: ComputeUnit, predictions: Sequence[Prediction]) -> Bill:
     charges = [text_charge(unit, p.cost) for p in predictions]
     return Bill(texts=tuple(c for c, _ in charges), tokens=sum(p.n_tokens for p in predictions),
                 saved=sum(s for _, s in charges))
+
+
+@dataclass(frozen=True)
+class Quote:
+    """A request priced before it runs, at the most it may run: each text's tokens and charge."""
+
+    budget: float  # the budget it was priced at
+    tokens: tuple[tuple[int, bool], ...]  # (tokens, truncated?) per text, as the engine will count them
+    texts: tuple[int, ...]  # milli-units per text
+
+    @property
+    def total(self) -> int:
+        return sum(self.texts)
+
+
+def priced_budget(request: BudgetRequest, tier: TierConfig) -> float:
+    """The most ``request`` may run, what it is priced and admitted at; what ran is charged after the answer."""
+    match request:
+        case Fixed(budget):
+            return budget  # on a type that picks its own heads, the cap
+        case Auto(ceiling):
+            return ceiling  # all of a text's passes together never cost more than one pass at the ceiling
+        case LatencyTarget():
+            return tier.max_budget  # the planner picks a budget up to the tier's maximum
+
+
+def quote(meter: Meter, unit: ComputeUnit, texts: Sequence[str], budget: float) -> Quote:
+    """Price ``texts`` at ``budget`` with exact token counts."""
+    tokens = tuple(meter.count_tokens(texts))
+    return Quote(budget, tokens, tuple(unit.milli(meter.cost(budget, n).total_macs) for n, _ in tokens))
+
+
+def check_cap(tier: TierConfig, priced: Quote) -> None:
+    """422 ``compute_cap_exceeded`` when one request would cost more than its tier lets a request cost: its
+    ``max_request_compute``, or what a key may spend at once (``compute_burst``), which it could never pass."""
+    caps = [(cap, name) for cap, name in ((tier.max_request_compute, "max_request_compute"),
+                                          (tier.burst_units, "compute_burst")) if cap is not None]
+    if not caps:
+        return
+    cap, name = min(caps)
+    if priced.total <= round(cap * MILLI):
+        return
+    n_tokens = sum(n for n, _ in priced.tokens)
+    raise ComputeCapExceeded(
+        f"this request would be charged up to {units(priced.total):g} compute units ({len(priced.texts)} texts, "
+        f"{n_tokens} tokens at budget {priced.budget:g}), over tier {tier.name!r}'s {name} of {cap:g} units per "
+        f"request; send fewer or shorter texts, or a lower budget")

@@ -26,13 +26,19 @@ async def get_runtime(request: Request) -> Runtime:
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
-async def authenticate(request: Request, runtime: Runtime) -> Caller:
-    """Authenticate (401), note the tier for logs and metrics, and apply the rate limit (429)."""
+def identify_caller(request: Request, runtime: Runtime) -> Caller:
+    """Authenticate (401) and note the tier and key name for logs and metrics; no limit is applied."""
     key = presented_key(request.headers.get("x-api-key"), request.headers.get("authorization"))
     client = request.client.host if request.client else "unknown"
     caller = identify(runtime.config, runtime.extra_key_hashes, key, client)
     request.state.tier = caller.tier.name
     request.state.key_name = caller.name
+    return caller
+
+
+async def authenticate(request: Request, runtime: Runtime) -> Caller:
+    """Authenticate (401), note the tier for logs and metrics, and apply the rate limit (429)."""
+    caller = identify_caller(request, runtime)
     await enforce_rate(runtime.state, runtime.config.state, runtime.metrics, caller)
     return caller
 
@@ -45,3 +51,14 @@ async def get_caller(request: Request, runtime: RuntimeDep,
 
 
 CallerDep = Annotated[Caller, Depends(get_caller)]
+
+
+async def get_metered_caller(request: Request, runtime: RuntimeDep,
+                             _key: Annotated[str | None, Depends(_api_key)] = None,
+                             _token: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)] = None) -> Caller:
+    """The authenticated caller of a route that runs the model: its rate limit is checked with its compute quota
+    once the request is priced (``auth.admit``), in one step."""
+    return identify_caller(request, runtime)
+
+
+MeteredCallerDep = Annotated[Caller, Depends(get_metered_caller)]

@@ -70,8 +70,16 @@ class InvalidRequest(ApiError):
     status, code = 422, "invalid_request"
 
 
+class ComputeCapExceeded(InvalidRequest):
+    code = "compute_cap_exceeded"  # one request's charge over its tier's cap: refused before any work
+
+
 class RateLimited(ApiError):
     status, code = 429, "rate_limited"
+
+
+class ComputeQuotaExceeded(RateLimited):
+    code = "compute_quota_exceeded"  # the key's compute units per minute are spent; Retry-After says until when
 
 
 class Overloaded(ApiError):

@@ -4,7 +4,7 @@ FastAPI still declares the route (its OpenAPI schema and docs) and still serves 
 not take. The fast path takes only a JSON body that validates against ``ClassifyRequest`` with known, valid,
 unrepeated query parameters; anything else is handed on to FastAPI with its body replayed, so every error keeps
 exactly the status, code and message FastAPI's validation gives it. A request it takes runs the same code as the
-route (``authenticate``, ``answer``) and maps errors with the same function (``known_error_response``); only
+route (``identify_caller``, ``answer``) and maps errors with the same function (``known_error_response``); only
 the layers between are skipped. Why: py-spy on a batch-1 server put FastAPI's routing, dependency solving and
 response re-validation at about half of the event loop's time per request (docs/results.md, 'Findings and
 decisions').
@@ -19,7 +19,7 @@ from pydantic import TypeAdapter, ValidationError
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from headbudget.service.deps import authenticate
+from headbudget.service.deps import identify_caller
 from headbudget.service.errors import known_error_response
 from headbudget.service.inference import BudgetParams, answer
 from headbudget.service.runtime import Runtime
@@ -60,7 +60,7 @@ class ClassifyFastPath:
         request_body, query = parsed
         request = Request(scope, receive)
         try:
-            caller = await authenticate(request, self.runtime)
+            caller = identify_caller(request, self.runtime)  # limits: in answer, once the request is priced
             result = await answer(self.runtime, caller, request_body, query, request)
         except Exception as exc:
             response = known_error_response(request, exc)

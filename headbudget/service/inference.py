@@ -12,14 +12,14 @@ from typing import Any, Literal
 from starlette.requests import Request
 
 from headbudget.engine.types import Auto, BudgetRequest, Fixed, LatencyTarget
-from headbudget.service.auth import Caller, check_budget
+from headbudget.service.auth import Caller, admit, check_budget
 from headbudget.service.batching import JobResult
-from headbudget.service.compute import Bill, bill, units
+from headbudget.service.compute import Bill, Quote, bill, check_cap, priced_budget, quote, units
 from headbudget.service.errors import BadRequest, ClientGone, InvalidRequest, Unavailable
 from headbudget.service.runtime import Runtime
 from headbudget.service.schemas import BudgetSource, ClassifyRequest, ClassifyResponse, ModelRef, TextResult
-from headbudget.service.settings import AUTO
-from headbudget.service.state import AnswerRecord, StateUnavailable
+from headbudget.service.settings import AUTO, TierConfig
+from headbudget.service.state import AnswerRecord, ComputeLimit, StateUnavailable
 
 log = logging.getLogger("headbudget.service")
 
@@ -118,6 +118,33 @@ async def answer(runtime: Runtime, caller: Caller, body: ClassifyRequest, params
     return await classify(runtime, caller, body, choice, request)
 
 
+# Texts longer than this in all are tokenized for their price in the loop's executor (the tokenizer releases the
+# GIL), so that a 64-text request of long texts never blocks the event loop; short ones are priced inline.
+_INLINE_PRICE_CHARS = 8192
+
+
+def metered(tier: TierConfig) -> bool:
+    """Whether requests of ``tier`` are priced before they run (a compute quota or a per-request cap)."""
+    return tier.compute_per_minute is not None or tier.max_request_compute is not None
+
+
+async def price(runtime: Runtime, tier: TierConfig, texts: list[str], choice: BudgetChoice) -> Quote:
+    """The request priced at the most it may run, with the exact token counts the engine will see.
+
+    Where the tokens come from: the engine's ``count_tokens`` may only be called from the engine's one thread,
+    which may be in a forward pass of seconds, and the batcher counts there (at dispatch, for latency targets):
+    too late for admission, which must refuse before a request takes a queue slot. The engine's Meter has a
+    tokenizer of its own and prices plans as plain data, so admission counts here, on the loop (or its executor).
+    """
+    meter, unit = runtime.batcher.meter, runtime.unit
+    if meter is None or unit is None:
+        raise Unavailable("the model is not loaded yet", retry_after_s=5)
+    budget = priced_budget(choice.request, tier)
+    if sum(len(t) for t in texts) <= _INLINE_PRICE_CHARS:
+        return quote(meter, unit, texts, budget)
+    return await asyncio.get_running_loop().run_in_executor(None, quote, meter, unit, texts, budget)
+
+
 @dataclass(frozen=True)
 class Answered:
     """A request the model answered, and what it is charged."""
@@ -126,24 +153,53 @@ class Answered:
     bill: Bill
 
 
-async def run(runtime: Runtime, caller: Caller, texts: list[str], choice: BudgetChoice,
-              request: Request) -> Answered:
-    """The queue path of /classify and the TEI routes: queue, wait (or cancel if the client leaves), charge,
-    metrics, the feedback store and the access log's fields."""
+async def run(runtime: Runtime, caller: Caller, texts: list[str], choice: BudgetChoice, request: Request,
+              priced: Quote | None = None) -> Answered:
+    """The queue path of /classify and the TEI routes: price (422 over the tier's cap), admit (429 over the request
+    rate or the compute quota), queue, wait (or cancel if the client leaves), charge what ran, metrics, the
+    feedback store and the access log's fields. ``priced``: the request's Quote, if the route made one."""
     if runtime.info is None or runtime.unit is None or not runtime.batcher.ready:
         raise Unavailable("the model is not loaded yet", retry_after_s=5)
-    job = runtime.batcher.submit(texts, caller.tier, choice.request)
+    tier = caller.tier
+    if priced is None and metered(tier):
+        priced = await price(runtime, tier, texts, choice)
+    if priced is not None:
+        check_cap(tier, priced)
+    charge = priced.total if priced is not None else 0
+    reserved = await admit(runtime.state, runtime.config.state, runtime.metrics, caller, charge)
     try:
-        result = await _wait(request, job.future)
-    except (ClientGone, asyncio.CancelledError):
-        runtime.batcher.cancel(job)
+        job = runtime.batcher.submit(texts, tier, choice.request, caller.owner,
+                                     priced.total if priced is not None else None)
+        try:
+            result = await _wait(request, job.future)
+        except (ClientGone, asyncio.CancelledError):
+            runtime.batcher.cancel(job)
+            reserved = False  # its batch may have run: the reservation stands, and nothing is billed
+            raise
+    except BaseException:
+        if reserved:  # refused or failed by the server: not the key's compute
+            await _settle(runtime, caller, -charge)
         raise
     charged = bill(runtime.unit, result.predictions)
+    if reserved and charged.total != charge:  # degraded, auto, or a type that chose fewer heads: what ran
+        await _settle(runtime, caller, charged.total - charge)
     applied = text_budgets(result)
-    runtime.metrics.observe_answer(caller.tier.name, [p.cost for p in result.predictions], result.degraded)
+    runtime.metrics.observe_answer(tier.name, [p.cost for p in result.predictions], result.degraded)
     await _remember(runtime, request.state.request_id, caller, result, applied)
     _annotate(request, choice, result, len(texts), charged)
     return Answered(result, charged)
+
+
+async def _settle(runtime: Runtime, caller: Caller, delta: int) -> None:
+    compute = ComputeLimit.of(caller.tier)
+    if compute is None:  # the tier's quota went away in a reload meanwhile
+        return
+    try:
+        await runtime.state.settle(caller.owner, compute, delta)
+    except StateUnavailable as e:  # the answer stands; the quota keeps what was reserved
+        runtime.metrics.state_errors.labels(operation="settle").inc()
+        runtime.metrics.set_state_up(False)
+        log.warning("could not settle a request's charge: %s", e)
 
 
 async def classify(runtime: Runtime, caller: Caller, body: ClassifyRequest, choice: BudgetChoice,

@@ -12,12 +12,16 @@ from redis.exceptions import RedisError
 
 from headbudget.service.settings import StateConfig
 from headbudget.service.state import (
+    Admission,
     AlreadyReported,
     AnswerNotFound,
     AnswerRecord,
+    ComputeLimit,
+    QuotaLeft,
     RateDecision,
     StateUnavailable,
     answer_key,
+    refusal,
 )
 
 PREFIX = "headbudget:"
@@ -37,6 +41,80 @@ end
 local new_tat = tat + interval
 redis.call('SET', KEYS[1], string.format('%.6f', new_tat), 'PX', math.ceil((new_tat - now) * 1000) + 1000)
 return {1, 0}
+"""
+
+# The request rate (GCRA, as above) and the compute quota (GCRA weighted by the charge, in integers: a level of L
+# milli-units is kept as L * 60000 and drains by per_minute a millisecond, state.PER_MINUTE_MS) in one atomic
+# step: both are spent if both pass, neither otherwise. Lua numbers are doubles: exact below 2**53, which the
+# settings' bounds keep them under. ARGV: interval, tolerance, has_compute, per_minute, burst, charge.
+# Returns {allowed, rate retry ms, compute retry ms}.
+_ADMIT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local interval = tonumber(ARGV[1])
+local tat = tonumber(redis.call('GET', KEYS[1]))
+if tat == nil or tat < now then tat = now end
+local allow_at = tat - tonumber(ARGV[2])
+local rate_retry = 0
+if now < allow_at then rate_retry = math.ceil((allow_at - now) * 1000) end
+local compute_retry, level, rate = 0, 0, tonumber(ARGV[4])
+if ARGV[3] == '1' then
+  local stored = redis.call('HMGET', KEYS[2], 't', 'level')
+  if stored[1] and stored[2] then
+    level = math.max(0, tonumber(stored[2]) - math.max(0, now_ms - tonumber(stored[1])) * rate)
+  end
+  level = level + tonumber(ARGV[6]) * 60000
+  local cap = tonumber(ARGV[5]) * 60000
+  if level > cap then compute_retry = math.ceil((level - cap) / rate) end
+end
+if rate_retry > 0 or compute_retry > 0 then return {0, rate_retry, compute_retry} end
+local new_tat = tat + interval
+redis.call('SET', KEYS[1], string.format('%.6f', new_tat), 'PX', math.ceil((new_tat - now) * 1000) + 1000)
+if ARGV[3] == '1' then
+  redis.call('HSET', KEYS[2], 't', string.format('%.0f', now_ms), 'level', string.format('%.0f', level))
+  redis.call('PEXPIRE', KEYS[2], string.format('%.0f', math.ceil(level / rate) + 60000))
+end
+return {1, 0, 0}
+"""
+
+# Correct an admitted charge: ARGV per_minute, delta (milli-units; negative: a refund, down to empty).
+_SETTLE = """
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local rate = tonumber(ARGV[1])
+local stored = redis.call('HMGET', KEYS[1], 't', 'level')
+local level = 0
+if stored[1] and stored[2] then
+  level = math.max(0, tonumber(stored[2]) - math.max(0, now_ms - tonumber(stored[1])) * rate)
+end
+level = math.max(0, level + tonumber(ARGV[2]) * 60000)
+redis.call('HSET', KEYS[1], 't', string.format('%.0f', now_ms), 'level', string.format('%.0f', level))
+redis.call('PEXPIRE', KEYS[1], string.format('%.0f', math.ceil(level / rate) + 60000))
+return 1
+"""
+
+# What a key could spend at once now, spending nothing. ARGV: interval, burst, has_compute, per_minute,
+# compute burst. Returns {requests, compute milli-units}.
+_LEFT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local interval, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
+local tat = tonumber(redis.call('GET', KEYS[1]))
+if tat == nil or tat < now then tat = now end
+local requests = math.max(0, math.min(burst, math.floor((now + (burst - 1) * interval - tat) / interval + 1e-9) + 1))
+local compute = 0
+if ARGV[3] == '1' then
+  local rate = tonumber(ARGV[4])
+  local stored = redis.call('HMGET', KEYS[2], 't', 'level')
+  local level = 0
+  if stored[1] and stored[2] then
+    level = math.max(0, tonumber(stored[2]) - math.max(0, now_ms - tonumber(stored[1])) * rate)
+  end
+  compute = math.max(0, tonumber(ARGV[5]) - math.ceil(level / 60000))
+end
+return {requests, compute}
 """
 
 # Push one outcome to a capped list and return {correct, total} over the window.
@@ -62,6 +140,9 @@ class RedisState:
             socket_connect_timeout=config.redis_timeout_s, retry=Retry(NoBackoff(), 0), decode_responses=True)
         self._gcra = self._redis.register_script(_GCRA)
         self._outcome = self._redis.register_script(_OUTCOME)
+        self._admit = self._redis.register_script(_ADMIT)
+        self._settle = self._redis.register_script(_SETTLE)
+        self._left = self._redis.register_script(_LEFT)
 
     async def hit(self, bucket: str, per_minute: float, burst: int) -> RateDecision:
         interval = 60.0 / per_minute
@@ -71,6 +152,37 @@ class RedisState:
         except (RedisError, OSError) as e:
             raise StateUnavailable(f"redis: {e}") from None
         return RateDecision(bool(int(allowed)), int(retry_ms) / 1000.0)
+
+    async def admit(self, bucket: str, per_minute: float, burst: int, compute: ComputeLimit | None,
+                    charge: int) -> Admission:
+        interval = 60.0 / per_minute
+        args: list[str | int] = [repr(interval), repr((burst - 1) * interval), "1" if compute else "0",
+                                 compute.per_minute if compute else 0, compute.burst if compute else 0, charge]
+        try:
+            allowed, rate_ms, compute_ms = await self._admit(
+                keys=[f"{PREFIX}rate:{bucket}", f"{PREFIX}compute:{bucket}"], args=args)
+        except (RedisError, OSError) as e:
+            raise StateUnavailable(f"redis: {e}") from None
+        if int(allowed):
+            return Admission(True)
+        return refusal(int(rate_ms) / 1000.0, int(compute_ms) / 1000.0)
+
+    async def settle(self, bucket: str, compute: ComputeLimit, delta: int) -> None:
+        try:
+            await self._settle(keys=[f"{PREFIX}compute:{bucket}"], args=[compute.per_minute, delta])
+        except (RedisError, OSError) as e:
+            raise StateUnavailable(f"redis: {e}") from None
+
+    async def quota_left(self, bucket: str, per_minute: float, burst: int,
+                         compute: ComputeLimit | None) -> QuotaLeft:
+        args: list[str | int] = [repr(60.0 / per_minute), burst, "1" if compute else "0",
+                                 compute.per_minute if compute else 0, compute.burst if compute else 0]
+        try:
+            requests, left = await self._left(keys=[f"{PREFIX}rate:{bucket}", f"{PREFIX}compute:{bucket}"],
+                                              args=args)
+        except (RedisError, OSError) as e:
+            raise StateUnavailable(f"redis: {e}") from None
+        return QuotaLeft(int(requests), int(left) if compute else None)
 
     async def remember(self, request_id: str, record: AnswerRecord) -> None:
         ttl_ms = int(self._config.feedback_ttl_s * 1000)

@@ -87,6 +87,8 @@ class Runtime:
             return False
         if new.state != self.config.state:
             log.warning("[state] changes need a restart; keeping the running state store")
+        if new.metrics != self.config.metrics:
+            log.warning("[metrics] changes need a restart; keeping the running metrics' labels")
         self.config = new
         self.batcher.server = new.server
         self.metrics.declare_tiers(new.tiers)

@@ -49,6 +49,25 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# The most compute units a quota, burst or cap may name: the quota's integer arithmetic in milli-units (Redis's
+# Lua numbers are doubles) stays exact below 2**53 with a burst of up to 1e8 units.
+MAX_COMPUTE_UNITS: Final = 1e8
+
+
+def _units(value: object) -> object:
+    """A number of compute units as given; true/false, NaN and infinities are refused as such (not as "below the
+    minimum", which is how the bounds alone would name a NaN)."""
+    if isinstance(value, bool):
+        raise ValueError("expected a number of compute units, not true/false")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"expected a finite number of compute units, not {value}")
+    return value
+
+
+ComputeUnits = Annotated[float, BeforeValidator(_units),
+                         Field(ge=0.001, le=MAX_COMPUTE_UNITS, allow_inf_nan=False)]
+
+
 class TierConfig(_Strict):
     """One pricing tier: which budgets its keys may buy, how fast, and how it is scheduled."""
 
@@ -63,11 +82,21 @@ class TierConfig(_Strict):
     max_queue: Annotated[int, Field(ge=1)] = 128  # requests of this tier waiting at once; beyond: 503
     latency_target_ms: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None  # degrade to meet it
     min_budget: Budget | None = None  # lowest budget degradation may go to (default 0.1)
+    # Compute, in compute units (service/compute.py) per key; absent: no limit but the request rate.
+    compute_per_minute: ComputeUnits | None = None  # units a key may spend per minute
+    compute_burst: ComputeUnits | None = None  # units a key may spend at once (default: compute_per_minute)
+    max_request_compute: ComputeUnits | None = None  # one request's charge at most; over it: 422 before any work
 
     @model_validator(mode="after")
     def _check(self) -> TierConfig:
         if not isinstance(self.default_budget, str) and self.default_budget > self.max_budget:
             raise ValueError(f"default_budget {self.default_budget} is above max_budget {self.max_budget}")
+        if self.compute_burst is not None and self.compute_per_minute is None:
+            raise ValueError("compute_burst is set but compute_per_minute is not (the burst refills at that rate)")
+        burst = self.burst_units
+        if burst is not None and self.max_request_compute is not None and self.max_request_compute > burst:
+            raise ValueError(f"max_request_compute {self.max_request_compute:g} is above compute_burst {burst:g}: "
+                             "a request that large could never be admitted")
         if self.min_budget is not None and self.min_budget > self.default_cap:
             which = "max_budget" if self.default_budget == AUTO else "default_budget"
             raise ValueError(f"min_budget {self.min_budget} is above {which} {self.default_cap}")
@@ -87,6 +116,11 @@ class TierConfig(_Strict):
     def floor_budget(self) -> float:
         """The lowest budget degradation may choose."""
         return self.min_budget if self.min_budget is not None else 0.1
+
+    @property
+    def burst_units(self) -> float | None:
+        """Compute units a key may spend at once (None: no compute quota)."""
+        return self.compute_burst if self.compute_burst is not None else self.compute_per_minute
 
 
 def utc_instant(value: object) -> datetime:
@@ -165,6 +199,13 @@ class StateConfig(_Strict):
     accuracy_window: Annotated[int, Field(ge=1)] = 1000  # feedbacks per budget in the online accuracy
 
 
+class MetricsConfig(_Strict):
+    """What /metrics labels by (changes need a restart)."""
+
+    # Label the compute counters by key name too: one series per key and tier, so only with few keys.
+    per_key: bool = False
+
+
 class DevelopmentConfig(_Strict):
     """Conveniences that must stay off in production."""
 
@@ -177,6 +218,7 @@ class ServiceConfig(_Strict):
 
     server: ServerConfig = ServerConfig()
     state: StateConfig = StateConfig()
+    metrics: MetricsConfig = MetricsConfig()
     development: DevelopmentConfig = DevelopmentConfig()
     tiers: dict[str, TierConfig]
     keys: list[KeyConfig] = []
@@ -262,6 +304,7 @@ class ConfigEnv(BaseSettings):
 
     server: dict[str, Any] = {}
     state: dict[str, Any] = {}
+    metrics: dict[str, Any] = {}
     development: dict[str, Any] = {}
     tiers: dict[str, dict[str, Any]] = {}
 
@@ -285,7 +328,7 @@ def env_overrides(data: dict[str, Any]) -> tuple[dict[str, Any], dict[tuple[str,
         field = str(e).split('"')[1] if str(e).count('"') >= 2 else ""
         raise ConfigError(f"{ENV_PREFIX}{field.upper()}: not valid JSON") from None
     data, names = dict(data), dict[tuple[str, ...], str]()
-    for table in ("server", "state", "development"):
+    for table in ("server", "state", "metrics", "development"):
         values: dict[str, Any] = getattr(env, table)
         if values:
             base = data.get(table, {})

@@ -1,18 +1,22 @@
-"""Shared state behind one small interface: per-key rate limits and the feedback store.
+"""Shared state behind one small interface: per-key rate limits and compute quotas, and the feedback store.
 
 ``MemoryState`` keeps it in this process (one worker); ``RedisState`` (service/redis_state.py) shares it
 between workers and replicas. Rate limits use GCRA (the generic cell rate algorithm: one timestamp per key,
-exact, with a burst allowance); feedback matches a request id to the answer given, once per text.
+exact, with a burst allowance); compute quotas are the same algorithm weighted by each request's charge, in
+integers (milli-units and milliseconds), so that a key is admitted up to its quota exactly; a request is admitted
+only if both pass, in one atomic step. Feedback matches a request id to the answer given, once per text.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
-from headbudget.service.settings import StateConfig, budget_bucket
+from headbudget.service.compute import milli_of_units
+from headbudget.service.settings import StateConfig, TierConfig, budget_bucket
 
 
 class StateError(Exception):
@@ -37,6 +41,69 @@ class RateDecision:
 
     allowed: bool
     retry_after_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ComputeLimit:
+    """A key's compute quota in milli-units: what it may spend at once, refilled at a rate per minute."""
+
+    per_minute: int  # milli-units per minute, >= 1
+    burst: int  # milli-units
+
+    @classmethod
+    def of(cls, tier: TierConfig) -> ComputeLimit | None:
+        """The tier's quota (None: it has none)."""
+        burst = tier.burst_units
+        if tier.compute_per_minute is None or burst is None:
+            return None
+        return cls(max(1, milli_of_units(tier.compute_per_minute)), max(1, milli_of_units(burst)))
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Whether a request passed its key's request rate and compute quota, and if not, which refused it and when
+    to retry (the later of the two when both did)."""
+
+    allowed: bool
+    retry_after_s: float = 0.0
+    refused_by: Literal["", "rate", "compute"] = ""
+
+
+@dataclass(frozen=True)
+class QuotaLeft:
+    """What a key could send at once now."""
+
+    requests: int
+    compute: int | None  # milli-units; None without a compute quota
+
+
+# A compute level of L milli-units is kept as L * PER_MINUTE_MS, which drains by per_minute every millisecond:
+# integers throughout, whatever the rate, so that a reload that changes the rate keeps the level.
+PER_MINUTE_MS = 60_000
+
+
+def drained(stored: tuple[int, int] | None, now_ms: int, limit: ComputeLimit) -> int:
+    """A stored (time in ms, level) after draining to ``now_ms``."""
+    if stored is None:
+        return 0
+    at, level = stored
+    return max(0, level - max(0, now_ms - at) * limit.per_minute)
+
+
+def compute_gcra(stored: tuple[int, int] | None, now_ms: int, limit: ComputeLimit,
+                 charge: int) -> tuple[bool, int, int]:
+    """One weighted GCRA step: (allowed, level if admitted, retry after ms)."""
+    need = drained(stored, now_ms, limit) + charge * PER_MINUTE_MS
+    cap = limit.burst * PER_MINUTE_MS
+    if need > cap:
+        return False, need, -(-(need - cap) // limit.per_minute)
+    return True, need, 0
+
+
+def refusal(rate_retry_s: float, compute_retry_s: float) -> Admission:
+    """The Admission of a refused request (a retry of 0: that check passed)."""
+    by: Literal["rate", "compute"] = "compute" if compute_retry_s >= rate_retry_s else "rate"
+    return Admission(False, max(rate_retry_s, compute_retry_s), by)
 
 
 @dataclass(frozen=True)
@@ -69,6 +136,21 @@ class StateStore(Protocol):
 
     async def hit(self, bucket: str, per_minute: float, burst: int) -> RateDecision:
         """Count one request against ``bucket``; allowed unless it exceeds the rate plus burst."""
+        ...
+
+    async def admit(self, bucket: str, per_minute: float, burst: int, compute: ComputeLimit | None,
+                    charge: int) -> Admission:
+        """One request of ``charge`` milli-units against ``bucket``'s request rate and compute quota, in one atomic
+        step: both are spent if both pass, neither otherwise."""
+        ...
+
+    async def settle(self, bucket: str, compute: ComputeLimit, delta: int) -> None:
+        """Correct an admitted charge by ``delta`` milli-units (negative: a refund, down to an empty quota)."""
+        ...
+
+    async def quota_left(self, bucket: str, per_minute: float, burst: int,
+                         compute: ComputeLimit | None) -> QuotaLeft:
+        """What ``bucket`` could spend at once now (nothing is spent)."""
         ...
 
     async def remember(self, request_id: str, record: AnswerRecord) -> None:
@@ -109,6 +191,13 @@ def gcra(tat: float | None, now: float, per_minute: float, burst: int) -> tuple[
     return True, tat + interval, 0.0
 
 
+def requests_left(tat: float | None, now: float, per_minute: float, burst: int) -> int:
+    """How many requests GCRA would admit at once now."""
+    interval = 60.0 / per_minute
+    tat = now if tat is None or tat < now else tat
+    return max(0, min(burst, math.floor((now + (burst - 1) * interval - tat) / interval + 1e-9) + 1))
+
+
 class MemoryState:
     """State in this process: exact for one worker; with several, use Redis."""
 
@@ -118,6 +207,7 @@ class MemoryState:
         self._config = config
         self._clock = clock
         self._tats: dict[str, float] = {}
+        self._levels: dict[str, tuple[int, int]] = {}  # bucket -> (ms, compute level), see PER_MINUTE_MS
         # answer_key(owner, request id) -> (expiry, answer, indices already reported), oldest first
         self._answers: OrderedDict[str, tuple[float, AnswerRecord, set[int]]] = OrderedDict()
         self._windows: dict[str, deque[bool]] = {}
@@ -129,6 +219,41 @@ class MemoryState:
         if len(self._tats) > 100_000:  # anonymous clients could grow this: drop buckets that are idle
             self._tats = {k: v for k, v in self._tats.items() if v > now}
         return RateDecision(allowed, retry)
+
+    def _now_ms(self) -> int:
+        return math.floor(float(self._clock()) * 1000)
+
+    async def admit(self, bucket: str, per_minute: float, burst: int, compute: ComputeLimit | None,
+                    charge: int) -> Admission:
+        now = self._clock()
+        rate_ok, tat, rate_retry = gcra(self._tats.get(bucket), now, per_minute, burst)
+        compute_ok, level, compute_retry_ms = True, 0, 0
+        now_ms = math.floor(now * 1000)
+        if compute is not None:
+            compute_ok, level, compute_retry_ms = compute_gcra(self._levels.get(bucket), now_ms, compute, charge)
+        if not (rate_ok and compute_ok):
+            return refusal(rate_retry, compute_retry_ms / 1000.0)
+        self._tats[bucket] = tat
+        if compute is not None:
+            self._levels[bucket] = (now_ms, level)
+        if len(self._tats) > 100_000 or len(self._levels) > 100_000:  # anonymous clients: drop idle buckets
+            self._tats = {k: v for k, v in self._tats.items() if v > now}
+            # a level drains by at least 1 a millisecond (per_minute >= 1): one older than itself is empty
+            self._levels = {k: v for k, v in self._levels.items() if v[1] > now_ms - v[0]}
+        return Admission(True)
+
+    async def settle(self, bucket: str, compute: ComputeLimit, delta: int) -> None:
+        now_ms = self._now_ms()
+        level = drained(self._levels.get(bucket), now_ms, compute)
+        self._levels[bucket] = (now_ms, max(0, level + delta * PER_MINUTE_MS))
+
+    async def quota_left(self, bucket: str, per_minute: float, burst: int,
+                         compute: ComputeLimit | None) -> QuotaLeft:
+        requests = requests_left(self._tats.get(bucket), self._clock(), per_minute, burst)
+        if compute is None:
+            return QuotaLeft(requests, None)
+        level = drained(self._levels.get(bucket), self._now_ms(), compute)
+        return QuotaLeft(requests, max(0, compute.burst - -(-level // PER_MINUTE_MS)))
 
     async def remember(self, request_id: str, record: AnswerRecord) -> None:
         self._expire()

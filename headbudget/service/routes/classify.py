@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
-from headbudget.service.deps import CallerDep, RuntimeDep
+from headbudget.service.deps import MeteredCallerDep, RuntimeDep
 from headbudget.service.inference import BudgetParams, answer
 from headbudget.service.routes import error_responses
 from headbudget.service.schemas import (
@@ -23,7 +23,7 @@ router = APIRouter(tags=["inference"])
 @router.post("/classify", response_model=ClassifyResponse,
              responses=error_responses(400, 401, 403, 413, 415, 422, 429, 503))
 async def classify_texts(
-    body: ClassifyRequest, request: Request, runtime: RuntimeDep, caller: CallerDep,
+    body: ClassifyRequest, request: Request, runtime: RuntimeDep, caller: MeteredCallerDep,
     budget: Annotated[BudgetParam | None, Query(
         description="Budget in [0.1, 1], or `auto` on checkpoints that predict their own (or in the body)")] = None,
     max_latency_ms: Annotated[LatencyLimit | None, Query(description="Latency limit instead of a budget")] = None,

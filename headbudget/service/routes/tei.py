@@ -24,7 +24,7 @@ from headbudget.engine.types import Prediction
 from headbudget.service import inference
 from headbudget.service.auth import Caller
 from headbudget.service.compute import units
-from headbudget.service.deps import CallerDep, RuntimeDep
+from headbudget.service.deps import MeteredCallerDep, RuntimeDep
 from headbudget.service.errors import (
     ApiError,
     Forbidden,
@@ -174,8 +174,8 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     text = {400: "Malformed JSON, or an empty input (`Empty`)", 401: "Missing or unknown API key",
             403: "Budget above the tier's maximum", 415: "Body not sent as JSON",
             413: "Body over the size limit (the /classify error shape when Content-Length announces it)",
-            422: "Invalid input (`Validation`)", 424: "The model failed (`Backend`)",
-            429: "Rate limit or queue full (`Overloaded`, see Retry-After)",
+            422: "Invalid input, or over the tier's compute cap (`Validation`)", 424: "The model failed (`Backend`)",
+            429: "Rate limit, compute quota or queue full (`Overloaded`, see Retry-After)",
             503: "Not ready, draining, or a dependency is down (`Unhealthy`)"}
     return {c: {"model": TeiError | ErrorBody if c == 413 else TeiError, "description": text[c]} for c in codes}
 
@@ -213,6 +213,20 @@ def _cut_chars(texts: list[str], truncate: bool) -> list[str]:
             raise _validation(f"Input validation error: `inputs` must have less than {MAX_TEXT_CHARS} characters. "
                               f"Given: {len(t)}")
     return [t[:MAX_TEXT_CHARS] for t in texts]
+
+
+def _check_cut(runtime: Runtime, cut: list[bool], truncate: bool, direction: str) -> None:
+    """422 for a text over the token limit that the request does not let this server cut."""
+    first = next((i for i, c in enumerate(cut) if c), None)
+    if first is None:
+        return
+    max_len = runtime.info.max_length if runtime.info else 0
+    if not truncate:
+        raise _validation(f"Input validation error: `inputs` must have less than {max_len} tokens; input "
+                          f"{first} has more (send truncate=true to cut it)")
+    if direction.lower() == "left":
+        raise _validation(f"input {first} is over {max_len} tokens and truncation_direction 'Left' is not "
+                          "supported: this server keeps the start of a text (send 'Right')")
 
 
 def _sigmoid(z: float) -> float:
@@ -255,17 +269,13 @@ async def _predict(body: PredictRequest, request: Request, runtime: Runtime, cal
     asked = inference.BudgetParams(budget=budget if budget is not None else x_budget,
                                    max_budget=max_budget if max_budget is not None else x_max_budget)
     choice = inference.choose_budget(classify_body, asked, caller, info.supports_auto if info else False)
-    answered = await inference.run(runtime, caller, texts, choice, request)
+    priced = None
+    if not truncate or body.truncation_direction.lower() == "left":  # refused before it runs if a text is cut
+        priced = await inference.price(runtime, caller.tier, texts, choice)
+        _check_cut(runtime, [cut for _, cut in priced.tokens], truncate, body.truncation_direction)
+    answered = await inference.run(runtime, caller, texts, choice, request, priced)
     result = answered.result
     labels = info.labels if info else ()
-    cut = [i for i, p in enumerate(result.predictions) if p.truncated]
-    max_len = info.max_length if info else 0
-    if cut and not truncate:
-        raise _validation(f"Input validation error: `inputs` must have less than {max_len} tokens; input "
-                          f"{cut[0]} has more (send truncate=true to cut it)")
-    if cut and body.truncation_direction.lower() == "left":
-        raise _validation(f"input {cut[0]} is over {max_len} tokens and truncation_direction 'Left' is not "
-                          "supported: this server keeps the start of a text (send 'Right')")
     how = "none" if body.raw_scores else (params.function_to_apply if params and params.function_to_apply
                                           else "softmax")
     answers = [_scored(p, labels, how, params.top_k if params else None) for p in result.predictions]
@@ -300,7 +310,7 @@ _PREDICT_ERRORS = _errors(400, 401, 403, 413, 415, 422, 424, 429, 503)
 
 
 @router.post("/predict", response_model=PredictResponse, response_class=JSONResponse, responses=_PREDICT_ERRORS)
-async def predict(body: PredictRequest, request: Request, runtime: RuntimeDep, caller: CallerDep,
+async def predict(body: PredictRequest, request: Request, runtime: RuntimeDep, caller: MeteredCallerDep,
                   budget: BudgetQuery = None, x_budget: BudgetHeader = None, max_budget: MaxBudgetQuery = None,
                   x_max_budget: MaxBudgetHeader = None) -> JSONResponse:
     """Classify one text or a batch (TEI's /predict): every label with its score, highest first."""
@@ -308,7 +318,7 @@ async def predict(body: PredictRequest, request: Request, runtime: RuntimeDep, c
 
 
 @router.post("/", response_model=PredictResponse, response_class=JSONResponse, responses=_PREDICT_ERRORS)
-async def predict_root(body: PredictRequest, request: Request, runtime: RuntimeDep, caller: CallerDep,
+async def predict_root(body: PredictRequest, request: Request, runtime: RuntimeDep, caller: MeteredCallerDep,
                        budget: BudgetQuery = None, x_budget: BudgetHeader = None,
                        max_budget: MaxBudgetQuery = None, x_max_budget: MaxBudgetHeader = None) -> JSONResponse:
     """TEI's default route for a classifier (what Hugging Face's InferenceClient posts to): as /predict."""
