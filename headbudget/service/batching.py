@@ -1,11 +1,12 @@
 """The queue in front of the model: admission, tier priority, degrade-by-compute and micro-batching.
 
-One dedicated thread owns the engine (it loads, warms up, runs and closes it), takes the highest-priority
-waiting request, waits up to ``max_wait_ms`` for others that share its head mask (not at all for a request
-that found the model idle: batching must not tax an idle server), and runs them as one batch. Budgets are
-chosen at dispatch (see ``planner.py``). Running a lone request on the event loop's own thread instead saved
-~0.07 ms of hand-off (paired overhead, tiny checkpoint, 3 rounds) but blocked the loop, so a burst reached the
-priority queue only after it, in arrival order; it was removed.
+One dedicated thread owns the engine (it loads, warms up, runs and closes it), takes the first waiting request
+in service order (priority, then the keys' fair share of compute: ``planner.FairShare``), waits up to
+``max_wait_ms`` for others that share its head mask (not at all for a request that found the model idle: batching
+must not tax an idle server), and runs them as one batch. Budgets are chosen at dispatch (see ``planner.py``).
+Running a lone request on the event loop's own thread instead saved ~0.07 ms of hand-off (paired overhead, tiny
+checkpoint, 3 rounds) but blocked the loop, so a burst reached the priority queue only after it, in arrival order;
+it was removed.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from headbudget.service.compute import ComputeUnit, units
 from headbudget.service.errors import Overloaded
 from headbudget.service.latency import LatencyModel
 from headbudget.service.metrics import Metrics
-from headbudget.service.planner import Planner
+from headbudget.service.planner import FairShare, Planner
 from headbudget.service.settings import ServerConfig, TierConfig
 
 log = logging.getLogger("headbudget.service")
@@ -65,10 +66,13 @@ class Job:
     counted: bool = False  # tokens exact (counted by the engine)
     alone: bool = False  # it found the model idle: nothing waiting, no forward pass running
     cost_cache: dict[float, float] = field(default_factory=dict)
+    owner: str = ""  # the key's id (Caller.owner): compute is shared fairly between the keys of a priority
+    charge: int = 0  # milli compute units it is expected to run: its weight in that sharing
+    start_tag: int = 0  # its virtual start (FairShare): set at admission
 
-    def order(self) -> tuple[int, int]:
-        """Sort key of the service order: priority first, then arrival."""
-        return (-self.tier.priority, self.seq)
+    def order(self) -> tuple[int, int, int]:
+        """Sort key of the service order: priority first, then the keys' fair share of compute, then arrival."""
+        return (-self.tier.priority, self.start_tag, self.seq)
 
 
 class Batcher:
@@ -80,6 +84,7 @@ class Batcher:
         self._metrics = metrics
         self._cond = threading.Condition()
         self._pending: list[Job] = []
+        self._fair = FairShare()  # under _cond, like _pending
         self._stopping = False
         self._running_until = 0.0  # monotonic estimate of when the running batch ends
         self._forwarding = False  # a batch left the queue and its forward pass has not finished
@@ -117,8 +122,12 @@ class Batcher:
         return len(self._pending)
 
     # -- admission (event loop) -------------------------------------------------------------------------
-    def submit(self, texts: list[str], tier: TierConfig, request: BudgetRequest) -> Job:
+    def submit(self, texts: list[str], tier: TierConfig, request: BudgetRequest, owner: str = "",
+               charge: int | None = None) -> Job:
         """Queue a request or raise Overloaded (503 with Retry-After) when it cannot be served in time.
+
+        ``owner`` is the caller's key id and ``charge`` the request's price in milli compute units, if admission
+        priced it (else it is estimated here): the keys of a priority share the model by compute (FairShare).
 
         An ``Auto`` request runs under its ceiling. On a checkpoint with a decider such jobs run as one ``Auto``
         and batch only with each other; on one that predicts its own budget (BudgetFormer) the ceiling is a cap
@@ -127,7 +136,8 @@ class Batcher:
         assert self.engine is not None and self.latency is not None and self.planner is not None
         loop = asyncio.get_running_loop()
         job = Job(texts, tier, self.engine.info.resolve(request), self.latency.estimate_tokens(texts),
-                  loop.create_future(), loop)
+                  loop.create_future(), loop, owner=owner)
+        job.charge = charge if charge is not None else self._estimate_charge(job)
         with self._cond:
             if self._stopping:
                 raise Overloaded("the server is shutting down", retry_after_s=1)
@@ -136,11 +146,16 @@ class Batcher:
                 raise Overloaded("the queue is full", retry_after_s=self._drain_s(pending))
             if sum(1 for j in pending if j.tier.name == tier.name) >= tier.max_queue:
                 raise Overloaded(f"the queue of tier {tier.name!r} is full", retry_after_s=self._drain_s(pending))
+            job.start_tag = self._fair.start(job)  # where it would stand in the service order
             if tier.degrades:
-                wait_s = self._running_left() + self.planner.wait_at_floor_s(pending, job)
+                # Only work queued ahead can make a request too late to take: one that runs next is served when
+                # the running pass ends, sooner than a retry would be, and refusing it would let another key's
+                # long pass refuse a key that sends short requests.
+                ahead_s = self.planner.wait_at_floor_s(pending, job)
+                wait_s = self._running_left() + ahead_s
                 own_s = self.planner.cost_s(job, tier.floor_budget)
                 assert tier.latency_target_ms is not None
-                if wait_s > 0 and (wait_s + own_s) * 1000 > tier.latency_target_ms:
+                if ahead_s > 0 and (wait_s + own_s) * 1000 > tier.latency_target_ms:
                     raise Overloaded(
                         f"even min_budget {tier.floor_budget} cannot meet tier {tier.name!r}'s latency target of "
                         f"{tier.latency_target_ms:g} ms now", retry_after_s=wait_s)
@@ -150,6 +165,7 @@ class Batcher:
             # tiny checkpoint's handler took 2.4 ms over a 0.3 ms forward pass). Under load the queue is rarely
             # empty while the model works, so batches still form from what waited during the last pass.
             job.alone = not self._pending and not self._forwarding
+            self._fair.admit(job)
             self._pending.append(job)
             self._metrics.queue_depth.set(len(self._pending))
             self._cond.notify_all()
@@ -161,6 +177,7 @@ class Batcher:
             job.cancelled = True
             if job in self._pending:
                 self._pending.remove(job)
+                self._fair.withdraw(job)
                 self._metrics.queue_depth.set(len(self._pending))
 
     def _set_idle(self) -> None:
@@ -169,6 +186,13 @@ class Batcher:
 
     def _running_left(self) -> float:
         return max(0.0, self._running_until - time.monotonic())
+
+    def _estimate_charge(self, job: Job) -> int:
+        """Milli compute units of ``job`` at its stated budget on its estimated tokens, for a request that
+        admission did not price."""
+        assert self.meter is not None and self._unit is not None and self.planner is not None
+        per_text = job.tokens // len(job.texts) if job.texts else 0
+        return len(job.texts) * self._unit.milli(self.meter.cost(self.planner.stated(job), per_text).total_macs)
 
     def _drain_s(self, pending: list[Job]) -> float:
         assert self.planner is not None
@@ -223,6 +247,7 @@ class Batcher:
             batch = [j for j in batch if not j.cancelled and j in self._pending]
             for j in batch:
                 self._pending.remove(j)
+            self._fair.served(batch)
             self._metrics.queue_depth.set(len(self._pending))
             if batch:
                 self._running_until = time.monotonic() + sum(self.planner.cost_s(j, budget) for j in batch)
@@ -237,6 +262,7 @@ class Batcher:
         now = time.monotonic()
         for job in [j for j in self._pending if now - j.enqueued > self.server.request_timeout_s]:
             self._pending.remove(job)
+            self._fair.withdraw(job)
             _deliver(job, Overloaded("timed out waiting for the model", retry_after_s=1))
         self._metrics.queue_depth.set(len(self._pending))
 

@@ -18,6 +18,9 @@ request's max_budget, else its tier's max_budget), degrades the same way (a lowe
 auto requests of the same ceiling: the engine runs them as one ``Auto``, each text at its own budgets. Its latency
 is estimated at the ceiling, an upper bound (all its passes together never cost more than one pass there).
 (On a checkpoint that predicts its own budget, the job already holds auto as a cap: ``ModelInfo.resolve``.)
+
+The service order is priority first, then, within a priority, start-time fair queueing over compute between the
+keys (``FairShare``), then arrival.
 """
 
 from __future__ import annotations
@@ -132,3 +135,46 @@ class Planner:
                 batch.append(job)
                 n_texts += len(job.texts)
         return batch, applied, wants
+
+
+class FairShare:
+    """Start-time fair queueing (Goyal et al., 1996) over compute between the keys of one priority.
+
+    Each request gets a start tag ``max(V, F_key)``, where ``F_key`` is where its key's previous request ends
+    (start + charge, in milli compute units) and ``V``, the priority's virtual time, is the latest start tag
+    served; requests of a priority are served by start tag. Two keys that both keep requests waiting are
+    served equal compute, within the largest request of each, whatever their request sizes; a key that sends
+    little starts at ``V`` and is served before the backlog of one that sends much; an idle key banks nothing.
+    With one key waiting, tags grow with arrival: the plain arrival order. Why this scheme: tags are fixed at
+    arrival, so admission can reckon the work ahead of a request from the same order the engine thread serves
+    (``wait_at_floor_s``), and unlike deficit round robin it needs no quantum sized to the largest request.
+    Tags are integers, so sums are exact and ties fall to arrival.
+    """
+
+    def __init__(self) -> None:
+        self._clock: dict[int, int] = {}  # priority -> virtual time V
+        self._finish: dict[tuple[int, str], int] = {}  # (priority, owner) -> F of its latest request
+
+    def start(self, job: Job) -> int:
+        """The start tag ``job`` would get now (nothing recorded: admission may still refuse it)."""
+        v = self._clock.get(job.tier.priority, 0)
+        return max(v, self._finish.get((job.tier.priority, job.owner), v))
+
+    def admit(self, job: Job) -> None:
+        """Tag ``job`` and record that its key's next request starts after it."""
+        job.start_tag = self.start(job)
+        self._finish[(job.tier.priority, job.owner)] = job.start_tag + job.charge
+
+    def withdraw(self, job: Job) -> None:
+        """A queued request that will not run (client gone, timed out): its key's latest one gives its time back."""
+        key = (job.tier.priority, job.owner)
+        if self._finish.get(key) == job.start_tag + job.charge:
+            self._finish[key] = job.start_tag
+
+    def served(self, batch: Sequence[Job]) -> None:
+        """Advance the virtual time past the batch that leaves the queue; forget keys that would start at it."""
+        for job in batch:
+            p = job.tier.priority
+            self._clock[p] = max(self._clock.get(p, 0), job.start_tag)
+        for key in [k for k, f in self._finish.items() if f <= self._clock.get(k[0], 0)]:
+            del self._finish[key]
