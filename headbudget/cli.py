@@ -14,15 +14,15 @@ from headbudget.commands.common import USER_ERRORS, CliError
 from headbudget.extras import missing_extra
 
 # Each module exposes ``register(subparsers)``; handlers import heavy libraries lazily so --help is fast.
-COMMANDS = ("train", "evaluate", "decider", "predict", "bench", "export", "serve", "keys", "importance", "compare",
-            "compare_adaptive")
+COMMANDS = ("train", "evaluate", "decider", "predict", "bench", "export", "serve", "keys", "usage", "importance",
+            "compare", "compare_adaptive")
 ABOUT = ("headbudget: text classification where each request picks its compute budget (a share of the model\n"
          "from 0.1 to 1, `auto`, or a latency limit), and one checkpoint serves every budget.")
 HELP_WIDTH = 100
 # How --help lists the commands (their names on the command line); a command in no group is listed last.
 GROUPS = (
     ("train and measure a checkpoint", ("train", "eval", "bench", "compare", "decider", "importance", "compare-adaptive")),
-    ("serve it over HTTP", ("serve", "keys")),
+    ("serve it over HTTP", ("serve", "keys", "usage")),
     ("use it directly", ("predict", "export")),
 )
 

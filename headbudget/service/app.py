@@ -18,7 +18,7 @@ from headbudget.service.errors import install_error_handlers
 from headbudget.service.fastpath import ClassifyFastPath
 from headbudget.service.metrics import mark_worker_dead
 from headbudget.service.middleware import RequestContextMiddleware
-from headbudget.service.routes import classify, feedback, health, models, tei
+from headbudget.service.routes import classify, feedback, health, models, tei, usage
 from headbudget.service.routes.docs import install_docs
 from headbudget.service.routes.playground import install_playground
 from headbudget.service.runtime import Runtime
@@ -61,7 +61,7 @@ def create_app(config: ServiceConfig, engine_factory: Callable[[], Engine], *, c
     app.state.runtime = runtime
     install_error_handlers(app)
 
-    for router in (classify.router, feedback.router, models.router, health.router, tei.router):
+    for router in (classify.router, feedback.router, models.router, usage.router, health.router, tei.router):
         app.include_router(router)
     install_docs(app)  # /docs and /redoc from the installed package's assets, not a CDN
     install_playground(app)

@@ -19,7 +19,7 @@ from headbudget.service.errors import BadRequest, ClientGone, InvalidRequest, Un
 from headbudget.service.runtime import Runtime
 from headbudget.service.schemas import BudgetSource, ClassifyRequest, ClassifyResponse, ModelRef, TextResult
 from headbudget.service.settings import AUTO, TierConfig
-from headbudget.service.state import AnswerRecord, ComputeLimit, StateUnavailable
+from headbudget.service.state import AnswerRecord, ComputeLimit, StateUnavailable, Usage, UsageRow, utc_day
 
 log = logging.getLogger("headbudget.service")
 
@@ -185,9 +185,22 @@ async def run(runtime: Runtime, caller: Caller, texts: list[str], choice: Budget
         await _settle(runtime, caller, charged.total - charge)
     applied = text_budgets(result)
     runtime.metrics.observe_answer(tier.name, [p.cost for p in result.predictions], result.degraded)
+    runtime.metrics.observe_charge(tier.name, caller.name, units(charged.total), units(charged.saved))
+    await _record_usage(runtime, caller, len(texts), charged)
     await _remember(runtime, request.state.request_id, caller, result, applied)
     _annotate(request, choice, result, len(texts), charged)
     return Answered(result, charged)
+
+
+async def _record_usage(runtime: Runtime, caller: Caller, n_texts: int, charged: Bill) -> None:
+    usage = Usage(units=charged.total, requests=1, texts=n_texts, tokens=charged.tokens, saved=charged.saved)
+    try:
+        await runtime.state.record_usage(UsageRow(utc_day(), caller.owner, caller.name, caller.tier.name, usage))
+    except StateUnavailable as e:  # the answer stands; its usage is missing from the store (and logged)
+        runtime.metrics.state_errors.labels(operation="usage").inc()
+        runtime.metrics.set_state_up(False)
+        log.warning("could not record usage of key %s: %s compute units, %d texts: %s", caller.name,
+                    units(charged.total), n_texts, e)
 
 
 async def _settle(runtime: Runtime, caller: Caller, delta: int) -> None:

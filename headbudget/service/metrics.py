@@ -1,7 +1,7 @@
 """Every Prometheus metric of the service, its labels and its buckets, declared in this one file.
 
-Labels are tiers (never keys), HTTP status codes, and budgets bucketed to 0.1 steps ("0.1" ... "1.0"); on a
-checkpoint that predicts its own budget (BudgetFormer), an uncapped run is labelled "auto" instead of "1.0"
+Labels are tiers (never keys, but for the compute counters under ``[metrics] per_key``), HTTP status codes, and
+budgets bucketed to 0.1 steps ("0.1" ... "1.0"); on a checkpoint that predicts its own budget (BudgetFormer), an uncapped run is labelled "auto" instead of "1.0"
 (``budget=auto`` requests, and numeric 1.0, which means no cap there); on a budgeted checkpoint with a decider,
 every ``budget=auto`` run is labelled "auto", whatever its ceiling, and numeric budgets keep their buckets. With several uvicorn
 workers, set PROMETHEUS_MULTIPROC_DIR (``headbudget serve`` does): values then live in shared files and
@@ -40,9 +40,19 @@ def multiprocess_dir() -> str | None:
 class Metrics:
     """The service's metrics; one instance per app, registered in its own registry."""
 
-    def __init__(self, latency_targets_s: Iterable[float] = ()) -> None:
+    def __init__(self, latency_targets_s: Iterable[float] = (), per_key: bool = False) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        # [metrics] per_key: the compute counters get a key label (the key's name): a series per key.
+        self.per_key = per_key
+        spend_labels = ["tier", "key"] if per_key else ["tier"]
+        self.compute_units = Counter(
+            "headbudget_compute_units", "Compute units charged for answered requests (one unit: the dense model's "
+            "multiply-adds on one token at 128 tokens), by tier (and key with [metrics] per_key).", spend_labels,
+            registry=r)
+        self.compute_units_saved = Counter(
+            "headbudget_compute_units_saved", "Compute units the answers did not spend against the dense model, by "
+            "tier (and key with [metrics] per_key).", spend_labels, registry=r)
         request_buckets = tuple(sorted(set(LATENCY_BUCKETS_S) | {round(t, 6) for t in latency_targets_s}))
         self.requests = Counter("headbudget_requests_total", "API requests answered, by tier and HTTP status.",
                                 ["tier", "status"], registry=r)
@@ -142,6 +152,12 @@ class Metrics:
         has no value for prometheus-adapter, and a missing metric stops the HPA from scaling down."""
         for tier in tiers:
             self.compute_degraded.labels(tier=tier)
+
+    def observe_charge(self, tier: str, key: str, charged: float, saved: float) -> None:
+        """One answered request's charge and what it saved, in compute units."""
+        labels = {"tier": tier, "key": key} if self.per_key else {"tier": tier}
+        self.compute_units.labels(**labels).inc(charged)
+        self.compute_units_saved.labels(**labels).inc(saved)
 
     def observe_feedback(self, budget_label: str, correct: bool, accuracy: float | None) -> None:
         """One feedback outcome and, when known, the budget's new rolling accuracy."""

@@ -1,4 +1,5 @@
-"""The state store in Redis: rate limits exact across workers and replicas, feedback found by any worker."""
+"""The state store in Redis: rate limits and compute quotas exact across workers and replicas, usage kept for
+billing, feedback found by any worker."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from headbudget.service.state import (
     QuotaLeft,
     RateDecision,
     StateUnavailable,
+    Usage,
+    UsageRow,
     answer_key,
     refusal,
 )
@@ -128,6 +131,15 @@ return {correct, #items}
 """
 
 
+def _usage_key(day: str, owner: str) -> str:
+    return f"{PREFIX}usage:{day}:{owner}"
+
+
+def _day_score(day: str) -> int:
+    """A YYYY-MM-DD date as a sortable number (20261231)."""
+    return int(day.replace("-", ""))
+
+
 class RedisState:
     """State in Redis; every operation raises StateUnavailable when Redis cannot be reached in time."""
 
@@ -183,6 +195,50 @@ class RedisState:
         except (RedisError, OSError) as e:
             raise StateUnavailable(f"redis: {e}") from None
         return QuotaLeft(int(requests), int(left) if compute else None)
+
+    async def record_usage(self, row: UsageRow) -> None:
+        # One transaction: the key's day and all-time hashes, and the indexes `headbudget usage` lists by.
+        try:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                for key in (_usage_key(row.day, row.owner), f"{PREFIX}usage:total:{row.owner}"):
+                    for field, value in row.usage.fields().items():
+                        pipe.hincrby(key, field, value)
+                    pipe.hset(key, mapping={"name": row.name, "tier": row.tier})
+                pipe.sadd(f"{PREFIX}usage:owners:{row.day}", row.owner)
+                pipe.zadd(f"{PREFIX}usage:days", {row.day: _day_score(row.day)})
+                await pipe.execute()
+        except (RedisError, OSError) as e:
+            raise StateUnavailable(f"redis: {e}") from None
+
+    async def usage_of(self, owner: str, day: str) -> tuple[Usage, Usage]:
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.hgetall(_usage_key(day, owner))
+                pipe.hgetall(f"{PREFIX}usage:total:{owner}")
+                today, total = await pipe.execute()
+        except (RedisError, OSError) as e:
+            raise StateUnavailable(f"redis: {e}") from None
+        return Usage.parse(today), Usage.parse(total)
+
+    async def usage_rows(self, since: str | None = None, until: str | None = None) -> list[UsageRow]:
+        """Every key's usage per UTC day from ``since`` to ``until`` (YYYY-MM-DD, both included; None: open), by
+        day then key name (for ``headbudget usage``)."""
+        lo = _day_score(since) if since else "-inf"
+        hi = _day_score(until) if until else "+inf"
+        try:
+            days = await self._redis.zrangebyscore(f"{PREFIX}usage:days", lo, hi)
+            keys: list[tuple[str, str]] = []
+            for day in days:
+                keys += [(day, owner) for owner in sorted(await self._redis.smembers(f"{PREFIX}usage:owners:{day}"))]
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for day, owner in keys:
+                    pipe.hgetall(_usage_key(day, owner))
+                found = await pipe.execute() if keys else []
+        except (RedisError, OSError) as e:
+            raise StateUnavailable(f"redis: {e}") from None
+        rows = [UsageRow(day, owner, str(h.get("name", "")), str(h.get("tier", "")), Usage.parse(h))
+                for (day, owner), h in zip(keys, found, strict=True) if h]
+        return sorted(rows, key=lambda r: (r.day, r.name, r.owner))
 
     async def remember(self, request_id: str, record: AnswerRecord) -> None:
         ttl_ms = int(self._config.feedback_ttl_s * 1000)

@@ -26,7 +26,7 @@ class Runtime:
         self.config = config
         self.config_path = config_path
         self.extra_key_hashes = dict(extra_key_hashes or {})
-        self.metrics = Metrics(config.latency_targets_s())
+        self.metrics = Metrics(config.latency_targets_s(), per_key=config.metrics.per_key)
         self.state: StateStore = state if state is not None else make_state(config.state)
         self.batcher = Batcher(engine_factory, config.server, self.metrics)
         self.info: ModelInfo | None = None

@@ -224,3 +224,38 @@ class ErrorBody(BaseModel):
     """Every 4xx and 5xx answer."""
 
     error: ErrorDetail
+
+
+class UsageAmounts(BaseModel):
+    """What a key spent over a period."""
+
+    units: float = Field(description="compute units charged (see compute_unit in /v1/models)")
+    requests: int = Field(description="requests answered")
+    texts: int
+    tokens: int
+    saved_units: float = Field(description="compute units the answers did not spend against the dense model")
+
+
+class QuotaNow(BaseModel):
+    """The calling key's limits and what it may send at once now."""
+
+    requests_per_minute: float
+    request_burst: int
+    requests_left: int = Field(description="requests the key may send at once now")
+    compute_per_minute: float | None = Field(description="compute units per minute; null: no compute quota")
+    compute_burst: float | None
+    compute_left: float | None = Field(description="compute units the key may spend at once now (refilling at "
+                                                   "compute_per_minute); null: no compute quota")
+    max_request_compute: float | None = Field(description="the most one request may be charged; null: no cap "
+                                                          "but the burst")
+
+
+class UsageReport(BaseModel):
+    """The calling key's quota now and its usage today (UTC) and in all; nothing about any other key."""
+
+    key: str = Field(description="the key's name")
+    tier: str
+    date: str = Field(description="today, UTC (YYYY-MM-DD): the day `today` counts")
+    quota: QuotaNow
+    today: UsageAmounts
+    total: UsageAmounts

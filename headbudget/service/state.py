@@ -107,6 +107,45 @@ def refusal(rate_retry_s: float, compute_retry_s: float) -> Admission:
 
 
 @dataclass(frozen=True)
+class Usage:
+    """What a key spent: compute in milli-units (``units``, and ``saved`` against the dense model), requests
+    answered, texts and tokens."""
+
+    units: int = 0
+    requests: int = 0
+    texts: int = 0
+    tokens: int = 0
+    saved: int = 0
+
+    def plus(self, other: Usage) -> Usage:
+        return Usage(self.units + other.units, self.requests + other.requests, self.texts + other.texts,
+                     self.tokens + other.tokens, self.saved + other.saved)
+
+    def fields(self) -> dict[str, int]:
+        return asdict(self)
+
+    @classmethod
+    def parse(cls, d: dict[str, Any]) -> Usage:
+        return cls(**{k: int(d.get(k) or 0) for k in ("units", "requests", "texts", "tokens", "saved")})
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    """One key's usage on one UTC day, as ``headbudget usage`` lists it."""
+
+    day: str  # YYYY-MM-DD
+    owner: str  # the key's hash prefix (Caller.owner)
+    name: str  # its name when it was used
+    tier: str
+    usage: Usage
+
+
+def utc_day(now: float | None = None) -> str:
+    """The UTC date usage is recorded under."""
+    return time.strftime("%Y-%m-%d", time.gmtime(time.time() if now is None else now))
+
+
+@dataclass(frozen=True)
 class AnswerRecord:
     """What the service answered, kept so that feedback can be scored."""
 
@@ -151,6 +190,14 @@ class StateStore(Protocol):
     async def quota_left(self, bucket: str, per_minute: float, burst: int,
                          compute: ComputeLimit | None) -> QuotaLeft:
         """What ``bucket`` could spend at once now (nothing is spent)."""
+        ...
+
+    async def record_usage(self, row: UsageRow) -> None:
+        """Add one answered request's usage to its key's day and all-time total."""
+        ...
+
+    async def usage_of(self, owner: str, day: str) -> tuple[Usage, Usage]:
+        """``owner``'s usage on ``day`` and in all (zeros when it has none)."""
         ...
 
     async def remember(self, request_id: str, record: AnswerRecord) -> None:
@@ -211,6 +258,8 @@ class MemoryState:
         # answer_key(owner, request id) -> (expiry, answer, indices already reported), oldest first
         self._answers: OrderedDict[str, tuple[float, AnswerRecord, set[int]]] = OrderedDict()
         self._windows: dict[str, deque[bool]] = {}
+        self._usage: dict[tuple[str, str], UsageRow] = {}  # (day, owner) -> its usage; this worker's only
+        self._totals: dict[str, Usage] = {}
 
     async def hit(self, bucket: str, per_minute: float, burst: int) -> RateDecision:
         now = self._clock()
@@ -254,6 +303,23 @@ class MemoryState:
             return QuotaLeft(requests, None)
         level = drained(self._levels.get(bucket), self._now_ms(), compute)
         return QuotaLeft(requests, max(0, compute.burst - -(-level // PER_MINUTE_MS)))
+
+    async def record_usage(self, row: UsageRow) -> None:
+        key = (row.day, row.owner)
+        old = self._usage.get(key)
+        self._usage[key] = UsageRow(row.day, row.owner, row.name, row.tier,
+                                    old.usage.plus(row.usage) if old else row.usage)
+        self._totals[row.owner] = self._totals.get(row.owner, Usage()).plus(row.usage)
+        if len(self._usage) > 100_000:  # anonymous clients could grow this: keep the latest days
+            for k in sorted(self._usage)[:len(self._usage) // 10]:
+                del self._usage[k]
+        if len(self._totals) > 100_000:
+            for owner in list(self._totals)[:len(self._totals) // 10]:
+                del self._totals[owner]
+
+    async def usage_of(self, owner: str, day: str) -> tuple[Usage, Usage]:
+        row = self._usage.get((day, owner))
+        return (row.usage if row else Usage()), self._totals.get(owner, Usage())
 
     async def remember(self, request_id: str, record: AnswerRecord) -> None:
         self._expire()
