@@ -7,7 +7,7 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from headbudget.service.compute import units
+from headbudget.service.compute import unit_text, units
 from headbudget.service.errors import ComputeQuotaExceeded, Forbidden, RateLimited, Unauthorized, Unavailable
 from headbudget.service.metrics import Metrics
 from headbudget.service.settings import ServiceConfig, StateConfig, TierConfig, utc_text
@@ -108,9 +108,9 @@ async def admit(state: StateStore, state_cfg: StateConfig, metrics: Metrics, cal
         return compute is not None
     if decision.refused_by == "compute":
         raise ComputeQuotaExceeded(
-            f"compute quota of tier {tier.name!r} exceeded: this request would be charged up to {units(charge):g} "
-            f"compute units and the key may spend {tier.compute_per_minute:g} per minute, at most "
-            f"{tier.burst_units:g} at once", retry_after_s=decision.retry_after_s)
+            f"compute quota of tier {tier.name!r} exceeded: this request would be charged up to "
+            f"{unit_text(units(charge))} compute units and the key may spend {unit_text(tier.compute_per_minute or 0)} "
+            f"per minute, at most {unit_text(tier.burst_units or 0)} at once", retry_after_s=decision.retry_after_s)
     raise _rate_limited(tier, decision.retry_after_s)
 
 

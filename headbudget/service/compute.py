@@ -27,6 +27,11 @@ def units(milli: int) -> float:
     return round(milli / MILLI, 3)
 
 
+def unit_text(value: float) -> str:
+    """Units as answers' headers and messages write them: up to three decimals, no exponent (12345.678, 7.5)."""
+    return f"{value:.3f}".rstrip("0").rstrip(".")
+
+
 def milli_of_units(value: float) -> int:
     """A configured amount of units (a quota, a cap) in milli-units, the nearest one."""
     return round(value * MILLI)
@@ -122,11 +127,11 @@ def check_cap(tier: TierConfig, priced: Quote) -> None:
                                           (tier.burst_units, "compute_burst")) if cap is not None]
     if not caps:
         return
-    cap, name = min(caps)
-    if priced.total <= round(cap * MILLI):
+    cap, name = min(caps, key=lambda c: c[0])  # on a tie, the explicit cap is named
+    if priced.total <= milli_of_units(cap):
         return
     n_tokens = sum(n for n, _ in priced.tokens)
     raise ComputeCapExceeded(
-        f"this request would be charged up to {units(priced.total):g} compute units ({len(priced.texts)} texts, "
-        f"{n_tokens} tokens at budget {priced.budget:g}), over tier {tier.name!r}'s {name} of {cap:g} units per "
-        f"request; send fewer or shorter texts, or a lower budget")
+        f"this request would be charged up to {unit_text(units(priced.total))} compute units ({len(priced.texts)} "
+        f"texts, {n_tokens} tokens at budget {priced.budget:g}), over tier {tier.name!r}'s {name} of "
+        f"{unit_text(cap)} units per request; send fewer or shorter texts, or a lower budget")

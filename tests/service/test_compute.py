@@ -10,7 +10,15 @@ import pytest
 
 from headbudget.engine.factory import load_engine
 from headbudget.engine.types import EngineOptions
-from headbudget.service.compute import MILLI, REFERENCE_TOKENS, ComputeUnit, bill, text_charge, units
+from headbudget.service.compute import (
+    MILLI,
+    REFERENCE_TOKENS,
+    ComputeUnit,
+    bill,
+    text_charge,
+    unit_text,
+    units,
+)
 from tests.service.conftest import headers, running_app
 from tests.service.fakes import FakeEngine
 
@@ -29,6 +37,9 @@ def test_the_unit_is_one_dense_token_at_the_reference_length() -> None:
     assert unit.milli(0) == 0 and unit.milli(1) == 1
     assert unit.milli(unit.reference_macs // 2) == REFERENCE_TOKENS * MILLI // 2  # 64,000 milli-units, rounded up
     assert units(4167) == 4.167 and units(1) == 0.001
+    # headers and messages: three decimals at most and never an exponent, however large
+    assert [unit_text(x) for x in (12345.678, 1e8, 7.5, 10.0, 0.001)] == ["12345.678", "100000000", "7.5", "10",
+                                                                         "0.001"]
 
 
 @pytest.mark.parametrize(("backend", "precision", "checkpoint"), [

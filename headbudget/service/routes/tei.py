@@ -23,7 +23,7 @@ from headbudget.engine.errors import BudgetError, EngineError, InputError
 from headbudget.engine.types import Prediction
 from headbudget.service import inference
 from headbudget.service.auth import Caller
-from headbudget.service.compute import units
+from headbudget.service.compute import unit_text, units
 from headbudget.service.deps import MeteredCallerDep, RuntimeDep
 from headbudget.service.errors import (
     ApiError,
@@ -288,8 +288,8 @@ async def _predict(body: PredictRequest, request: Request, runtime: Runtime, cal
         "x-budget-applied": ",".join(f"{b:g}" for b in inference.text_budgets(result)),
         "x-degraded": "true" if result.degraded else "false",
         # the compute units charged (/v1/models' compute_unit): the request's, and each input's in order
-        "x-charge": f"{units(answered.bill.total):g}",
-        "x-charge-per-input": ",".join(f"{units(c):g}" for c in answered.bill.texts),
+        "x-charge": unit_text(units(answered.bill.total)),
+        "x-charge-per-input": ",".join(unit_text(units(c)) for c in answered.bill.texts),
     }
     # the Inference API's convention (`parameters` present): a single input is a batch of one, as
     # InferenceClient.text_classification reads it
