@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from headbudget.engine import passes
 from headbudget.engine.decider import passes_cost, pooled_features, run_auto
 from headbudget.engine.errors import BudgetError, InputError, ModelLoadError
 from headbudget.engine.meter import TokenMeter
@@ -24,7 +25,7 @@ from headbudget.engine.types import (
     Runnable,
 )
 from headbudget.models.config import ModelConfig
-from headbudget.models.plan import Shape
+from headbudget.models.plan import Shape, uniform_plan
 from headbudget.models.tokenizer import TextEncoder
 
 
@@ -86,6 +87,11 @@ class EngineBase:
             raise ModelLoadError(f"{model_dir}: tokenizer unusable ({e})") from e
         self.max_length = max_length
         self.shape = Shape.of(cfg)
+        cap = options.max_activation_bytes
+        one = passes.activation_bytes(self.shape, uniform_plan(cfg, cfg.n_heads), 1, max_length)
+        if cap is not None and cap < one:
+            raise ModelLoadError(f"max_activation_bytes {cap} is below one text of {max_length} tokens at every "
+                                 f"head ({one} bytes, {-(-one // passes.MiB)} MiB) for {model_dir}")
         self._plans: dict[float, ExecutionPlan] = {}
         self._costs: dict[tuple[float, int], Cost] = {}  # (budget, tokens) -> one pass's cost (a decider's auto)
 
@@ -140,10 +146,9 @@ class EngineBase:
     def predict(self, texts: Sequence[str], budget: float) -> BatchResult:
         b = check_budget(budget)
         enc = self.encoder.encode(check_texts(texts))
-        ids, mask = pad(enc.ids, self.encoder.pad_id)
         plan = self.plan(b)
         t0 = time.perf_counter()
-        logits = self.forward_ids(ids, mask, plan)
+        logits = self.forward_rows(enc.ids, plan)
         latency = time.perf_counter() - t0
         probs = softmax(logits.astype(np.float64))
         labels = self.cfg.labels
@@ -173,8 +178,7 @@ class EngineBase:
         lengths = [len(ids) for ids in enc.ids]
 
         def run_pass(budget: float, idx: list[int]) -> np.ndarray:
-            ids, mask = pad([enc.ids[i] for i in idx], self.encoder.pad_id)
-            return self.forward_ids(ids, mask, self.plan(budget))
+            return self.forward_rows([enc.ids[i] for i in idx], self.plan(budget))
 
         def pass_macs(budget: float, n: int) -> int:
             return self.pass_cost(budget, n).total_macs
@@ -196,6 +200,31 @@ class EngineBase:
         heads = round(sum(p.cost.heads_active for p in preds) / len(preds))
         return BatchResult(predictions=preds, budget=c, heads_active=heads, heads_total=self.cfg.total_heads,
                            latency_s=latency)
+
+    def forward_rows(self, rows: Sequence[Sequence[int]], plan: ExecutionPlan) -> np.ndarray:
+        """Logits (B, C) for tokenized texts, in passes whose activations stay under ``max_activation_bytes``
+        (engine/passes.py); each pass pads to its own longest text. In fp32 a text's logits do not depend on its
+        batchmates or padding; int8 quantizes each activation matrix of a pass as a whole (DynamicQuantizeMatMul),
+        so there they move within quantization noise with what shares the pass, as they do with the batch."""
+        cap = self.options.max_activation_bytes
+        groups = [list(range(len(rows)))] if cap is None else passes.split(
+            [len(r) for r in rows], lambda b, n: passes.activation_bytes(self.shape, plan, b, n) <= cap)
+        parts, largest = [], 0
+        for idx in groups:
+            ids, mask = pad([rows[i] for i in idx], self.encoder.pad_id)
+            largest = max(largest, passes.activation_bytes(self.shape, plan, *ids.shape))
+            parts.append(self.forward_ids(ids, mask, plan))
+        if largest > passes.KEEP_BYTES:  # once per batch: giving back after every pass cost page faults
+            self.give_back(plan)
+        if len(parts) == 1:
+            return parts[0]
+        out = np.empty((len(rows), parts[0].shape[1]), dtype=parts[0].dtype)
+        for idx, logits in zip(groups, parts, strict=True):
+            out[idx] = logits
+        return out
+
+    def give_back(self, plan: ExecutionPlan) -> None:
+        """Return to the system the memory a large batch's passes took (a backend whose runtime keeps it)."""
 
     def pass_cost(self, budget: float, n_tokens: int) -> Cost:
         """One pass's cost at ``budget`` for a text of ``n_tokens`` (cached: a decider asks often)."""

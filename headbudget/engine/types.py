@@ -37,6 +37,9 @@ class EngineOptions:
     # its tiers' defaults.
     prepacked_budgets: tuple[float, ...] = (0.25, 0.5)
     cache_dir: Path | None = None  # where built ONNX graphs go; None = <checkpoint>/onnx
+    # The most activation memory one forward pass may take, as engine/passes.py estimates it: a batch above it
+    # runs in several passes (outputs per text unchanged in fp32). None: every batch in one pass.
+    max_activation_bytes: int | None = None
 
 
 @dataclass(frozen=True)
