@@ -103,12 +103,16 @@ def short_ms(url: str, n: int = 30) -> float:
     return round(statistics.median(times[3:]), 2)
 
 
-async def _post_all(url: str, jobs: list[tuple[str, float]], texts: list[str]) -> list[tuple[int, float]]:
+async def _post_all(url: str, jobs: list[tuple[str, float]], texts: list[str],
+                    length: int) -> list[tuple[int, float]]:
+    """Each (key, budget) job as one request of ``texts``, all at once: (status, seconds) each."""
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
         async def one(key: str, budget: float) -> tuple[int, float]:
             t0 = time.perf_counter()
             r = await client.post("/classify", json={"texts": texts, "budget": budget},
                                   headers={"X-API-Key": KEYS[key]})
+            if r.status_code == 200 and [x["n_tokens"] for x in r.json()["results"]] != [length] * len(texts):
+                raise RuntimeError(f"expected {len(texts)} texts of {length} tokens in the answer")
             return r.status_code, round(time.perf_counter() - t0, 2)
 
         return list(await asyncio.gather(*(one(k, b) for k, b in jobs)))
@@ -150,11 +154,11 @@ def measure(model: Path, precision: str = "int8", max_activation_mb: int | None 
         with Sampler(srv.proc.pid) as sampler:
             for r in range(rounds):
                 for i, b in enumerate(budgets):
-                    [(status, s)] = asyncio.run(_post_all(srv.url, [(keys[i % len(keys)], b)], texts))
+                    [(status, s)] = asyncio.run(_post_all(srv.url, [(keys[i % len(keys)], b)], texts, length))
                     requests.append({"round": r, "keys": 1, "budget": b, "status": [status], "seconds": s,
                                      "peak_mb": round(sampler.take()), "rss_mb": round(rss_mb(srv.proc.pid))})
                 jobs = [(keys[i % len(keys)], b) for i, b in enumerate(budgets)]
-                answers = asyncio.run(_post_all(srv.url, jobs, texts))
+                answers = asyncio.run(_post_all(srv.url, jobs, texts, length))
                 requests.append({"round": r, "keys": len(jobs), "budget": list(budgets),
                                  "status": [a[0] for a in answers], "seconds": max(a[1] for a in answers),
                                  "peak_mb": round(sampler.take()), "rss_mb": round(rss_mb(srv.proc.pid))})

@@ -71,14 +71,14 @@ def create_app(config: ServiceConfig, engine_factory: Callable[[], Engine], *, c
     return app
 
 
-def default_engine_factory(settings: ServeSettings,
-                           prepacked_budgets: tuple[float, ...] | None = None) -> Callable[[], Engine]:
+def default_engine_factory(settings: ServeSettings, prepacked_budgets: tuple[float, ...] | None = None,
+                           max_activation_mb: int | None = None) -> Callable[[], Engine]:
     """Loads the checkpoint with the engine's factory (imported lazily: the one start-up call into it)."""
 
     def factory() -> Engine:
         from headbudget.engine.factory import load_engine
 
-        engine: Engine = load_engine(settings.model_dir, settings.engine_options(prepacked_budgets))
+        engine: Engine = load_engine(settings.model_dir, settings.engine_options(prepacked_budgets, max_activation_mb))
         return engine
 
     return factory
@@ -92,6 +92,8 @@ def app_from_env() -> FastAPI:
     configure_logging(settings.log_level.upper())  # `serve --log-level`, parsed once by the command
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the loop's handler is installed at start-up
     config = load_config(settings.config_path)
-    # The tiers' default budgets are what most requests run at: they get prepacked sessions (EngineOptions).
-    return create_app(config, default_engine_factory(settings, config.default_budgets()), config_path=settings.config_path,
+    # The tiers' default budgets are what most requests run at: they get prepacked sessions (EngineOptions);
+    # [server] max_activation_mb bounds the memory of every forward pass.
+    factory = default_engine_factory(settings, config.default_budgets(), config.server.max_activation_mb)
+    return create_app(config, factory, config_path=settings.config_path,
                       extra_key_hashes=settings.extra_key_hashes)

@@ -87,6 +87,9 @@ class Runtime:
             return False
         if new.state != self.config.state:
             log.warning("[state] changes need a restart; keeping the running state store")
+        if new.server.max_activation_mb != self.config.server.max_activation_mb:
+            log.warning("[server] max_activation_mb changes need a restart; the engine keeps %d MiB",
+                        self.config.server.max_activation_mb)
         if new.metrics != self.config.metrics:
             log.warning("[metrics] changes need a restart; keeping the running metrics' labels")
         self.config = new

@@ -186,6 +186,11 @@ class ServerConfig(_Strict):
     # Serve well-formed POST /classify requests without FastAPI's per-request layers (service/fastpath.py);
     # false sends every request through FastAPI (the reference the fast path is tested against).
     fast_path: bool = True
+    # The most activation memory one forward pass may take, in MiB, as the engine estimates it (engine/passes.py):
+    # a batch above it runs in several passes, so whatever a worker is sent its memory peaks within about 1.5x
+    # this above idle (docs/results.md, 'Memory under large requests'; deploy/kubernetes sizes pods by it). Read
+    # at start-up; a reload keeps the running value.
+    max_activation_mb: Annotated[int, Field(ge=16, le=1 << 20)] = 128
 
 
 class StateConfig(_Strict):
@@ -374,9 +379,12 @@ class ServeSettings(BaseModel):
     log_level: Literal["debug", "info", "warning", "error"] = "info"  # every process's, workers' included
     extra_key_hashes: dict[str, str] = {}  # sha256 -> tier: ephemeral keys (serve --print-curl), never written
 
-    def engine_options(self, prepacked_budgets: tuple[float, ...] | None = None) -> EngineOptions:
-        """The engine options these settings select; ``prepacked_budgets`` (the tiers' defaults) if given."""
-        options = EngineOptions(backend=self.backend, precision=self.precision, threads=self.threads)
+    def engine_options(self, prepacked_budgets: tuple[float, ...] | None = None,
+                       max_activation_mb: int | None = None) -> EngineOptions:
+        """The engine options these settings select; ``prepacked_budgets`` (the tiers' defaults) and
+        ``max_activation_mb`` ([server]) if given."""
+        options = EngineOptions(backend=self.backend, precision=self.precision, threads=self.threads,
+                                max_activation_bytes=None if max_activation_mb is None else max_activation_mb << 20)
         return options if prepacked_budgets is None else replace(options, prepacked_budgets=prepacked_budgets)
 
     def to_env(self) -> str:
