@@ -214,7 +214,7 @@ class EngineBase:
             ids, mask = pad([rows[i] for i in idx], self.encoder.pad_id)
             largest = max(largest, passes.activation_bytes(self.shape, plan, *ids.shape))
             parts.append(self.forward_ids(ids, mask, plan))
-        if largest > passes.KEEP_BYTES:  # once per batch: giving back after every pass cost page faults
+        if len(parts) > 1 or largest > passes.KEEP_BYTES:  # passes.KEEP_BYTES says why
             self.give_back(plan)
         if len(parts) == 1:
             return parts[0]

@@ -8,8 +8,8 @@ Memory: every session receives its weights through ``SessionOptions.add_initiali
 numpy views of one weight store (a budget's heads, and neurons, are a row prefix per layer, see weights.py),
 so sessions add graph structure, not weights (int8 Q/K/V and W1 column prefixes are one copy per layer and
 width, shared). All sessions draw activations from one process-wide arena. A batch runs in passes under
-``EngineOptions.max_activation_bytes`` (engine/passes.py), and after a batch with a pass estimated above
-``passes.KEEP_BYTES`` the arena gives its free regions back (``give_back``): it used to keep the largest pass's
+``EngineOptions.max_activation_bytes`` (engine/passes.py), and after a batch of several passes (or of one above
+``passes.KEEP_BYTES``) the arena gives its free regions back (``give_back``): it used to keep the largest pass's
 memory for good (docs/results.md, 'Memory under large requests').
 
 Layouts (``EngineOptions.prepack``), measured on the AG News MiniLM-L6 checkpoint, one thread, len 128,

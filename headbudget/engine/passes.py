@@ -17,10 +17,11 @@ from collections.abc import Callable, Sequence
 from headbudget.models.plan import ExecutionPlan, Shape
 
 MiB = 1 << 20
-# A batch with a pass estimated above this gives its memory back when it is done (once per batch, not per pass:
-# memory given back is faulted in again by the next pass); smaller batches keep theirs in ONNX Runtime's arena,
-# as shrinking after every run cost 4-6% at 32 texts x 128 tokens (int8 MiniLM).
-KEEP_BYTES = 64 * MiB
+# A batch that ran in several passes, or in one estimated above this (no cap, or a cap above it), gives its memory
+# back when it is done: once per batch, as memory given back is faulted in again by the next pass. A batch of one
+# smaller pass keeps it in ONNX Runtime's arena for the next: giving back after every run cost 4-6% at 32 texts x
+# 128 tokens (int8 MiniLM), and the arena then holds no more than one pass under the cap.
+KEEP_BYTES = 256 * MiB
 
 
 def activation_bytes(shape: Shape, plan: ExecutionPlan, batch: int, length: int) -> int:

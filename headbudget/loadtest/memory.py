@@ -172,9 +172,12 @@ def measure(model: Path, precision: str = "int8", max_activation_mb: int | None 
 
 
 def _commit() -> str:
+    """The commit of the headbudget code that runs (a checkout on PYTHONPATH measures older code)."""
+    import headbudget
+
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(["git", "-C", str(Path(headbudget.__file__).parent), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -189,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from headbudget.experiments.bench import cpu_name
 
-    result: dict[str, Any] = {"command": " ".join(["python -m headbudget.loadtest.memory", *(argv or sys.argv[1:])]),
+    run = "python -m headbudget.loadtest.memory" if __spec__ is not None else "python headbudget/loadtest/memory.py"
+    result: dict[str, Any] = {"command": " ".join([run, *(argv or sys.argv[1:])]),
                               "model": str(args.model), "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"),
                               "commit": _commit(), "precision": args.precision, "workers": 1,
                               "max_activation_mb": args.max_activation_mb}
