@@ -171,6 +171,20 @@ def measure(model: Path, precision: str = "int8", max_activation_mb: int | None 
             "short_ms_before": before, "short_ms_after": after_short}
 
 
+def supervisor_mb(model: Path, precision: str) -> float:
+    """With two workers: the resident memory of the processes beside them (the serving process that supervises
+    them, and its helpers), which a pod holding several workers also pays for."""
+    import psutil
+
+    with Server(model, 2, config_text=config_text(None), precision=precision) as srv:
+        time.sleep(1.0)
+        root = psutil.Process(srv.proc.pid)
+        children = root.children(recursive=True)
+        others = [root, *(c for c in children if "spawn_main" not in " ".join(c.cmdline()))]  # not the workers
+        assert len(children) - len(others) + 1 == 2, [c.cmdline() for c in children]
+        return round(sum(p.memory_info().rss for p in others) / 2**20)
+
+
 def _commit() -> str:
     """The commit of the headbudget code that runs (a checkout on PYTHONPATH measures older code)."""
     import headbudget
@@ -198,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                               "commit": _commit(), "precision": args.precision, "workers": 1,
                               "max_activation_mb": args.max_activation_mb}
     result.update(measure(args.model, args.precision, args.max_activation_mb, rounds=args.rounds))
+    result["beside_workers_mb"] = supervisor_mb(args.model, args.precision)
     if args.max_activation_mb is not None:
         result["largest_pass"] = largest_pass_ms(args.model, args.precision, args.max_activation_mb,
                                                  result["max_length"])
