@@ -39,11 +39,13 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
-# Debian packages the end-to-end tests use: a real Prometheus (and promtool), Redis, kubectl, headless Chromium.
+# Debian packages the end-to-end tests use: a real Prometheus (and promtool), Redis, haproxy (two replicas behind
+# a load balancer), kubectl, headless Chromium.
 system-deps:
 	@missing=""; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v haproxy >/dev/null || missing="$$missing haproxy"; \
 	command -v kubectl >/dev/null || missing="$$missing kubernetes-client"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v chromedriver >/dev/null || missing="$$missing chromium-driver"; \
