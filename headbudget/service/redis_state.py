@@ -9,6 +9,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from headbudget.service.settings import StateConfig
@@ -147,9 +148,13 @@ class RedisState:
 
     def __init__(self, config: StateConfig, client: Any = None) -> None:
         self._config = config
+        # One retry, on a closed connection only: after Redis restarts, every pooled connection is closed and its
+        # next command would fail (a lost usage record, a request let through or refused). A timeout is not
+        # retried: the command may have run, and a retry could count it twice.
         self._redis: Any = client or aioredis.Redis.from_url(
             config.redis_url, socket_timeout=config.redis_timeout_s,
-            socket_connect_timeout=config.redis_timeout_s, retry=Retry(NoBackoff(), 0), decode_responses=True)
+            socket_connect_timeout=config.redis_timeout_s,
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)), decode_responses=True)
         self._gcra = self._redis.register_script(_GCRA)
         self._outcome = self._redis.register_script(_OUTCOME)
         self._admit = self._redis.register_script(_ADMIT)
