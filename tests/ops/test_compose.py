@@ -113,3 +113,10 @@ def test_prometheus_mounts_its_configuration_and_reaches_the_api() -> None:
     assert Path(ROOT / mount["source"], "prometheus.yml").is_file()
     assert "--config.file=/etc/prometheus/prometheus.yml" in prom["command"]
     assert "127.0.0.1:8000:8000" in services["api"]["ports"]
+
+
+def test_redis_keeps_usage_on_a_volume() -> None:
+    redis = _compose()["services"]["redis"]
+    cmd = redis["command"]
+    assert cmd[cmd.index("--appendonly") + 1] == "yes" and cmd[cmd.index("--dir") + 1] == "/data"
+    assert any(str(v).endswith(":/data") for v in redis["volumes"])

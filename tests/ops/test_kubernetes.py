@@ -240,3 +240,79 @@ def test_overlay_overrides_image_namespace_and_config() -> None:
     deploy = one(docs, "Deployment", "headbudget")
     assert cm["metadata"]["name"] in json.dumps(deploy), "the Deployment must mount the hashed ConfigMap"
     assert re.fullmatch(r"[\w.-]+:[\w.-]+", api_container(render("base"))["image"])
+
+
+def test_redis_keeps_usage_across_restarts() -> None:
+    """Usage per key and day is billing data that never expires: Redis appends it to a file on a persistent
+    volume (an emptyDir or no append-only file would lose it with the pod)."""
+    docs = render("base")
+    pod = one(docs, "Deployment", "headbudget-redis")["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--appendonly") + 1] == "yes" and args[args.index("--dir") + 1] == "/data"
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == "/data")
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    claim = volume["persistentVolumeClaim"]["claimName"]
+    assert one(docs, "PersistentVolumeClaim", claim)["spec"]["accessModes"] == ["ReadWriteOnce"]
+
+
+# -- memory: the pass cap and the memory limit agree ------------------------------------------------------------
+# A worker of the quick checkpoint measured under the largest requests the API admits (64 texts of 512 tokens at
+# several budgets, from several keys at once): idle, peak over idle at its [server] max_activation_mb, and what
+# runs beside the workers of a two-worker server (`python -m headbudget.loadtest.memory`, docs/results.md).
+MEMORY = ROOT / "docs" / "results" / "ag_news" / "model-quick" / "memory.json"
+WORKER_MARGIN_MB = 64  # per worker beyond idle and its passes: request bodies and tokens in flight
+
+
+def mib(quantity: str) -> float:
+    """A Kubernetes or Compose memory quantity in MiB (3Gi, 1536Mi, 4g, 512m)."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(Ki|Mi|Gi|k|K|M|G|kb|mb|gb|m|g)?", quantity.strip())
+    assert m, quantity
+    unit = m.group(2) or ""
+    scale = {"": 2**-20, "Ki": 2**-10, "k": 1000 / 2**20, "K": 1000 / 2**20, "kb": 2**-10, "Mi": 1.0,
+             "M": 1e6 / 2**20, "m": 1.0, "mb": 1.0, "Gi": 1024.0, "G": 1e9 / 2**20, "g": 1024.0, "gb": 1024.0}
+    return float(m.group(1)) * scale[unit]
+
+
+def memory_needed_mib(workers: int, cap_mb: int) -> float:
+    """Every worker at its peak at once: its idle memory, its passes' (the measured peak over idle per MiB of cap,
+    at least 1.5: ONNX Runtime's arena rounds regions up) and a margin; with several, what runs beside them."""
+    m = json.loads(MEMORY.read_text())
+    per_mib_of_cap = max(m["peak_over_idle_mb"] / m["max_activation_mb"], 1.5)
+    beside = m["beside_workers_mb"] if workers > 1 else 0
+    return workers * (m["idle_mb"] + per_mib_of_cap * cap_mb + WORKER_MARGIN_MB) + beside
+
+
+def test_the_memory_figures_were_measured_under_the_largest_admitted_requests() -> None:
+    m = json.loads(MEMORY.read_text())
+    assert m["texts"] == 64 and m["max_length"] == 512 and m["precision"] == "int8"
+    assert all(s == 200 for r in m["requests"] for s in r["status"])
+    assert len({r["budget"] if r["keys"] == 1 else None for r in m["requests"]}) >= 3
+    assert any(r["keys"] > 1 for r in m["requests"])
+    assert m["peak_over_idle_mb"] <= 300 and m["after_over_idle_mb"] <= 64
+
+
+@pytest.mark.parametrize("path", KUSTOMIZATIONS)
+def test_the_pod_memory_limit_holds_its_workers_at_their_pass_cap(path: str) -> None:
+    docs = render(path)
+    c = api_container(docs)
+    workers = int(next(e["value"] for e in c["env"] if e["name"] == "WORKERS"))
+    cap = service_config(docs).server.max_activation_mb
+    limit = mib(c["resources"]["limits"]["memory"])
+    assert memory_needed_mib(workers, cap) <= limit, (workers, cap, limit)
+
+
+def test_the_compose_memory_limit_holds_its_workers_at_their_pass_cap() -> None:
+    from headbudget.service.settings import load_config
+
+    api = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["api"]
+    workers = int(api["environment"]["WORKERS"])
+    (config,) = [m["source"] for m in api["volumes"] if m["target"] == "/etc/headbudget/service.toml"]
+    cap = load_config(ROOT / config).server.max_activation_mb
+    limit = mib(api["deploy"]["resources"]["limits"]["memory"])
+    assert memory_needed_mib(workers, cap) <= limit, (workers, cap, limit)
+
+
+def test_a_cap_too_large_for_the_limit_is_caught() -> None:
+    """The check is real: 2 workers at a 2 GiB cap do not fit the base's limit."""
+    limit = mib(api_container(render("base"))["resources"]["limits"]["memory"])
+    assert memory_needed_mib(2, 2048) > limit
