@@ -148,14 +148,15 @@ class Batcher:
                 raise Overloaded(f"the queue of tier {tier.name!r} is full", retry_after_s=self._drain_s(pending))
             job.start_tag = self._fair.start(job)  # where it would stand in the service order
             if tier.degrades:
-                # Only work queued ahead can make a request too late to take: one that runs next is served when
-                # the running pass ends, sooner than a retry would be, and refusing it would let another key's
-                # long pass refuse a key that sends short requests.
+                # Only work queued ahead can make a request too late to take. The running pass is not counted: a
+                # retry could not start before it ends either, and counting it let another key's long pass refuse
+                # every short request queued behind the first one (the fair order puts them ahead of the heavy
+                # key's backlog, so they wait for that pass alone).
                 ahead_s = self.planner.wait_at_floor_s(pending, job)
                 wait_s = self._running_left() + ahead_s
                 own_s = self.planner.cost_s(job, tier.floor_budget)
                 assert tier.latency_target_ms is not None
-                if ahead_s > 0 and (wait_s + own_s) * 1000 > tier.latency_target_ms:
+                if ahead_s > 0 and (ahead_s + own_s) * 1000 > tier.latency_target_ms:
                     raise Overloaded(
                         f"even min_budget {tier.floor_budget} cannot meet tier {tier.name!r}'s latency target of "
                         f"{tier.latency_target_ms:g} ms now", retry_after_s=wait_s)

@@ -213,8 +213,8 @@ async def test_one_key_is_served_in_arrival_order() -> None:
 
 @pytest.mark.anyio
 async def test_another_keys_long_pass_does_not_refuse_a_short_request() -> None:
-    """On a tier with a latency target, a request with nothing queued ahead of it is admitted while a pass longer
-    than the target runs: it runs next either way. With work queued ahead, the target still refuses."""
+    """On a tier with a latency target, short requests are admitted while a pass longer than the target runs: the
+    running pass delays a retry as much. Long work queued ahead (or its own) still makes the target refuse."""
     engine = FakeEngine(max_length=512)
     engine.gate.clear()
     config = fair_config("flex", latency_target_ms=50, min_budget=0.1)
@@ -225,8 +225,12 @@ async def test_another_keys_long_pass_does_not_refuse_a_short_request() -> None:
         await asyncio.sleep(0.1)  # its pass runs (held)
         light = asyncio.create_task(client.post("/classify", json={"text": "short"}, headers=key("light")))
         await asyncio.sleep(0.05)
+        # queued behind the first short one: what is ahead of it is short, the running pass is no one's to skip
+        light2 = asyncio.create_task(client.post("/classify", json={"text": "short too"}, headers=key("light")))
+        await asyncio.sleep(0.05)
         queued = await client.post("/classify", json={"texts": [long_text] * 64}, headers=key("other"))
         engine.gate.set()
-        r_heavy, r_light = await asyncio.gather(heavy, light)
+        r_heavy, r_light, r_light2 = await asyncio.gather(heavy, light, light2)
     assert r_heavy.status_code == 200 and r_light.status_code == 200, r_light.text
+    assert r_light2.status_code == 200, r_light2.text
     assert queued.status_code == 503 and "min_budget" in queued.json()["error"]["message"]
