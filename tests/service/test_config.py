@@ -120,3 +120,12 @@ def test_the_tiers_default_budgets_are_the_engines_prepacked_budgets(tmp_path: P
     settings = ServeSettings(model_dir=tmp_path, config_path=tmp_path / "service.toml")
     assert settings.engine_options(budgets).prepacked_budgets == budgets
     assert settings.engine_options().prepacked_budgets == (0.25, 0.5)  # the engine's own default otherwise
+
+
+@pytest.mark.parametrize("path", ["service.toml", "docker/service.toml", "docker/service.compose.toml",
+                                  "deploy/kubernetes/base/service.toml"])
+def test_every_shipped_config_meters_every_tier(path: str) -> None:
+    """A deployment without compute quotas would limit tenants per request only, whatever each one costs."""
+    cfg = load_config(Path(__file__).resolve().parents[2] / path)
+    for tier in cfg.tiers.values():
+        assert tier.compute_per_minute and tier.max_request_compute, (path, tier.name)
