@@ -20,8 +20,8 @@ import pytest
 
 from headbudget.service.app import create_app
 from headbudget.service.auth import hash_key
-from headbudget.service.settings import ServiceConfig, parse_config
-from headbudget.service.state import StateStore
+from headbudget.service.settings import ServiceConfig, StateConfig, parse_config
+from headbudget.service.state import MemoryState, StateStore
 from tests.service.fakes import FakeEngine
 
 HOST = "127.0.0.1"
@@ -239,3 +239,26 @@ def engine_factory_available() -> str | None:
     except ImportError as e:
         return f"headbudget.engine.factory is not available yet ({e})"
     return None
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A redis-server of this module's tests on a free port (skipped where none is installed)."""
+    with redis_process(tmp_path_factory.mktemp("redis")) as (url, _):
+        yield url
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[StateStore]:
+    """Each state store, empty: in memory, and in Redis (flushed)."""
+    config = StateConfig(accuracy_window=3, feedback_ttl_s=60)
+    if request.param == "memory":
+        yield MemoryState(config)
+        return
+    from headbudget.service.redis_state import RedisState  # needs the redis package only here
+
+    s = RedisState(config.model_copy(update={"redis_url": request.getfixturevalue("redis_url")}))
+    await s._redis.flushdb()
+    yield s
+    await s.close()
+

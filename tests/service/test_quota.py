@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,23 +34,6 @@ from tests.service.fakes import FakeEngine
 pytestmark = pytest.mark.anyio
 QUOTA = {"q1": "hb_test_quota_one_key_000000000000000", "q64": "hb_test_quota_64_key_0000000000000000",
          "t1": "hb_test_quota_tei_one_key_00000000000", "t64": "hb_test_quota_tei_64_key_000000000000"}
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with redis_process(tmp_path_factory.mktemp("redis")) as (url, _):
-        yield url
-
-
-@pytest.fixture(params=["memory", "redis"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[StateStore]:
-    if request.param == "memory":
-        yield MemoryState(StateConfig())
-        return
-    s = RedisState(StateConfig(redis_url=request.getfixturevalue("redis_url")))
-    await s._redis.flushdb()
-    yield s
-    await s.close()
 
 
 SLOW = ComputeLimit(per_minute=1, burst=10_000)  # refills one milli-unit a minute: nothing during a test

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -22,25 +21,6 @@ from headbudget.service.state import (
 from tests.service.conftest import config_dict, headers, redis_process, running_app
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with redis_process(tmp_path_factory.mktemp("redis")) as (url, _):
-        yield url
-
-
-@pytest.fixture(params=["memory", "redis"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[StateStore]:
-    config = StateConfig(accuracy_window=3, feedback_ttl_s=60)
-    if request.param == "memory":
-        yield MemoryState(config)
-        return
-    url = request.getfixturevalue("redis_url")
-    s = RedisState(StateConfig(redis_url=url, accuracy_window=3, feedback_ttl_s=60))
-    await s._redis.flushdb()
-    yield s
-    await s.close()
 
 
 def test_gcra_allows_burst_then_the_rate() -> None:

@@ -10,7 +10,6 @@ import json
 import logging
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import pytest
 from headbudget.service.auth import hash_key
 from headbudget.service.redis_state import RedisState
 from headbudget.service.settings import StateConfig, parse_config
-from headbudget.service.state import MemoryState, StateStore, Usage, UsageRow, utc_day
+from headbudget.service.state import StateStore, Usage, UsageRow, utc_day
 from tests.service.conftest import (
     KEYS,
     config_dict,
@@ -33,23 +32,6 @@ from tests.service.conftest import (
 from tests.service.test_api import sample
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with redis_process(tmp_path_factory.mktemp("redis")) as (url, _):
-        yield url
-
-
-@pytest.fixture(params=["memory", "redis"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[StateStore]:
-    if request.param == "memory":
-        yield MemoryState(StateConfig())
-        return
-    s = RedisState(StateConfig(redis_url=request.getfixturevalue("redis_url")))
-    await s._redis.flushdb()
-    yield s
-    await s.close()
 
 
 async def test_usage_adds_up_per_key_and_day(store: StateStore) -> None:
