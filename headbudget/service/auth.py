@@ -83,7 +83,7 @@ def check_budget(tier: TierConfig, budget: float) -> None:
 async def enforce_rate(state: StateStore, state_cfg: StateConfig, metrics: Metrics, caller: Caller) -> None:
     """429 with Retry-After over the tier's rate; when the store is down, fail open or closed as configured."""
     try:
-        decision = await state.hit(caller.owner, caller.tier.rate_limit, caller.tier.burst)
+        decision = await state.admit(caller.owner, caller.tier.rate_limit, caller.tier.burst, None, 0)
     except StateUnavailable:
         _state_down(state_cfg, metrics)
         return

@@ -20,7 +20,6 @@ from headbudget.service.state import (
     AnswerRecord,
     ComputeLimit,
     QuotaLeft,
-    RateDecision,
     StateUnavailable,
     Usage,
     UsageRow,
@@ -30,32 +29,26 @@ from headbudget.service.state import (
 
 PREFIX = "headbudget:"
 
-# GCRA in one atomic step, on Redis's clock so that every worker agrees. Returns {allowed, retry_after_ms}.
-_GCRA = """
-local interval = tonumber(ARGV[1])
-local tolerance = tonumber(ARGV[2])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local tat = tonumber(redis.call('GET', KEYS[1]))
-if tat == nil or tat < now then tat = now end
-local allow_at = tat - tolerance
-if now < allow_at then
-  return {0, math.ceil((allow_at - now) * 1000)}
-end
-local new_tat = tat + interval
-redis.call('SET', KEYS[1], string.format('%.6f', new_tat), 'PX', math.ceil((new_tat - now) * 1000) + 1000)
-return {1, 0}
-"""
-
-# The request rate (GCRA, as above) and the compute quota (GCRA weighted by the charge, in integers: a level of L
-# milli-units is kept as L * 60000 and drains by per_minute a millisecond, state.PER_MINUTE_MS) in one atomic
-# step: both are spent if both pass, neither otherwise. Lua numbers are doubles: exact below 2**53, which the
-# settings' bounds keep them under. ARGV: interval, tolerance, has_compute, per_minute, burst, charge.
-# Returns {allowed, rate retry ms, compute retry ms}.
-_ADMIT = """
+# Redis's clock, and a compute level drained to now (state.drained): the prelude of every quota script.
+_QUOTA_PRELUDE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function drained(key, rate)
+  local stored = redis.call('HMGET', key, 't', 'level')
+  if stored[1] and stored[2] then
+    return math.max(0, tonumber(stored[2]) - math.max(0, now_ms - tonumber(stored[1])) * rate)
+  end
+  return 0
+end
+"""
+
+# The request rate (GCRA, on Redis's clock so that every worker agrees) and the compute quota (GCRA weighted by
+# the charge, in integers: a level of L milli-units is kept as L * 60000 and drains by per_minute a millisecond,
+# state.PER_MINUTE_MS) in one atomic step: both are spent if both pass, neither otherwise. Lua numbers are doubles: exact below 2**53, which the
+# settings' bounds keep them under. ARGV: interval, tolerance, has_compute, per_minute, burst, charge.
+# Returns {allowed, rate retry ms, compute retry ms}.
+_ADMIT = _QUOTA_PRELUDE + """
 local interval = tonumber(ARGV[1])
 local tat = tonumber(redis.call('GET', KEYS[1]))
 if tat == nil or tat < now then tat = now end
@@ -64,11 +57,7 @@ local rate_retry = 0
 if now < allow_at then rate_retry = math.ceil((allow_at - now) * 1000) end
 local compute_retry, level, rate = 0, 0, tonumber(ARGV[4])
 if ARGV[3] == '1' then
-  local stored = redis.call('HMGET', KEYS[2], 't', 'level')
-  if stored[1] and stored[2] then
-    level = math.max(0, tonumber(stored[2]) - math.max(0, now_ms - tonumber(stored[1])) * rate)
-  end
-  level = level + tonumber(ARGV[6]) * 60000
+  level = drained(KEYS[2], rate) + tonumber(ARGV[6]) * 60000
   local cap = tonumber(ARGV[5]) * 60000
   if level > cap then compute_retry = math.ceil((level - cap) / rate) end
 end
@@ -83,16 +72,9 @@ return {1, 0, 0}
 """
 
 # Correct an admitted charge: ARGV per_minute, delta (milli-units; negative: a refund, down to empty).
-_SETTLE = """
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+_SETTLE = _QUOTA_PRELUDE + """
 local rate = tonumber(ARGV[1])
-local stored = redis.call('HMGET', KEYS[1], 't', 'level')
-local level = 0
-if stored[1] and stored[2] then
-  level = math.max(0, tonumber(stored[2]) - math.max(0, now_ms - tonumber(stored[1])) * rate)
-end
-level = math.max(0, level + tonumber(ARGV[2]) * 60000)
+local level = math.max(0, drained(KEYS[1], rate) + tonumber(ARGV[2]) * 60000)
 redis.call('HSET', KEYS[1], 't', string.format('%.0f', now_ms), 'level', string.format('%.0f', level))
 redis.call('PEXPIRE', KEYS[1], string.format('%.0f', math.ceil(level / rate) + 60000))
 return 1
@@ -100,22 +82,14 @@ return 1
 
 # What a key could spend at once now, spending nothing. ARGV: interval, burst, has_compute, per_minute,
 # compute burst. Returns {requests, compute milli-units}.
-_LEFT = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+_LEFT = _QUOTA_PRELUDE + """
 local interval, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
 local tat = tonumber(redis.call('GET', KEYS[1]))
 if tat == nil or tat < now then tat = now end
 local requests = math.max(0, math.min(burst, math.floor((now + (burst - 1) * interval - tat) / interval + 1e-9) + 1))
 local compute = 0
 if ARGV[3] == '1' then
-  local rate = tonumber(ARGV[4])
-  local stored = redis.call('HMGET', KEYS[2], 't', 'level')
-  local level = 0
-  if stored[1] and stored[2] then
-    level = math.max(0, tonumber(stored[2]) - math.max(0, now_ms - tonumber(stored[1])) * rate)
-  end
+  local level = drained(KEYS[2], tonumber(ARGV[4]))
   compute = math.max(0, tonumber(ARGV[5]) - math.ceil(level / 60000))
 end
 return {requests, compute}
@@ -155,20 +129,10 @@ class RedisState:
             config.redis_url, socket_timeout=config.redis_timeout_s,
             socket_connect_timeout=config.redis_timeout_s,
             retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)), decode_responses=True)
-        self._gcra = self._redis.register_script(_GCRA)
         self._outcome = self._redis.register_script(_OUTCOME)
         self._admit = self._redis.register_script(_ADMIT)
         self._settle = self._redis.register_script(_SETTLE)
         self._left = self._redis.register_script(_LEFT)
-
-    async def hit(self, bucket: str, per_minute: float, burst: int) -> RateDecision:
-        interval = 60.0 / per_minute
-        try:
-            allowed, retry_ms = await self._gcra(keys=[f"{PREFIX}rate:{bucket}"],
-                                                 args=[repr(interval), repr((burst - 1) * interval)])
-        except (RedisError, OSError) as e:
-            raise StateUnavailable(f"redis: {e}") from None
-        return RateDecision(bool(int(allowed)), int(retry_ms) / 1000.0)
 
     async def admit(self, bucket: str, per_minute: float, burst: int, compute: ComputeLimit | None,
                     charge: int) -> Admission:

@@ -36,14 +36,6 @@ class AlreadyReported(StateError):
 
 
 @dataclass(frozen=True)
-class RateDecision:
-    """Whether one request may pass, and if not, when to retry."""
-
-    allowed: bool
-    retry_after_s: float = 0.0
-
-
-@dataclass(frozen=True)
 class ComputeLimit:
     """A key's compute quota in milli-units: what it may spend at once, refilled at a rate per minute."""
 
@@ -173,10 +165,6 @@ class StateStore(Protocol):
 
     kind: str  # "memory" or "redis", for /readyz
 
-    async def hit(self, bucket: str, per_minute: float, burst: int) -> RateDecision:
-        """Count one request against ``bucket``; allowed unless it exceeds the rate plus burst."""
-        ...
-
     async def admit(self, bucket: str, per_minute: float, burst: int, compute: ComputeLimit | None,
                     charge: int) -> Admission:
         """One request of ``charge`` milli-units against ``bucket``'s request rate and compute quota, in one atomic
@@ -260,14 +248,6 @@ class MemoryState:
         self._windows: dict[str, deque[bool]] = {}
         self._usage: dict[tuple[str, str], UsageRow] = {}  # (day, owner) -> its usage; this worker's only
         self._totals: dict[str, Usage] = {}
-
-    async def hit(self, bucket: str, per_minute: float, burst: int) -> RateDecision:
-        now = self._clock()
-        allowed, tat, retry = gcra(self._tats.get(bucket), now, per_minute, burst)
-        self._tats[bucket] = tat
-        if len(self._tats) > 100_000:  # anonymous clients could grow this: drop buckets that are idle
-            self._tats = {k: v for k, v in self._tats.items() if v > now}
-        return RateDecision(allowed, retry)
 
     def _now_ms(self) -> int:
         return math.floor(float(self._clock()) * 1000)
