@@ -262,3 +262,27 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[StateStore]:
     yield s
     await s.close()
 
+
+async def two_tier_traffic(url: str, rounds: int) -> list[tuple[str, httpx.Response]]:
+    """Requests of a cheap and a quality key over /classify and the TEI routes (/predict, /), ``rounds`` rounds of
+    four at once with growing sizes; every (tier, answer), each asserted 200."""
+    out: list[tuple[str, httpx.Response]] = []
+    async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+        for i in range(rounds):
+            calls = [("cheap", c.post("/classify", json={"texts": ["short text"] * (1 + i % 3)},
+                                      headers=headers("cheap"))),
+                     ("quality", c.post("/classify", json={"text": "a somewhat longer text " * (1 + i)},
+                                        headers=headers("quality"))),
+                     ("quality", c.post("/predict", json={"inputs": [["tei text"]] * (1 + i % 4)},
+                                        headers=headers("quality"))),
+                     ("cheap", c.post("/", json={"inputs": "root route"}, headers=headers("cheap")))]
+            for (tier, _), r in zip(calls, await asyncio.gather(*(call for _, call in calls)), strict=True):
+                assert r.status_code == 200, r.text
+                out.append((tier, r))
+    return out
+
+
+def charge_of(r: httpx.Response) -> str:
+    """A request's charge as its answer states it: the TEI routes' header or /classify's field."""
+    return r.headers["x-charge"] if "x-charge" in r.headers else str(r.json()["charge"])
+

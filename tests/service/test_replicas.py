@@ -26,7 +26,14 @@ from headbudget.service.auth import hash_key
 from headbudget.service.redis_state import RedisState
 from headbudget.service.settings import StateConfig
 from headbudget.service.state import StateUnavailable, Usage, UsageRow
-from tests.service.conftest import KEYS, config_dict, headers, service_env, toml_of
+from tests.service.conftest import (
+    KEYS,
+    charge_of,
+    config_dict,
+    service_env,
+    toml_of,
+    two_tier_traffic,
+)
 from tests.service.replicas import Cluster, RedisServer, Replica, cluster
 from tests.service.test_api import sample
 
@@ -153,23 +160,10 @@ def test_usage_equals_the_charges_and_the_export(both: Cluster) -> None:
     counts = {"cheap": 0, "quality": 0}
     replicas: set[str] = set()
 
-    async def traffic() -> None:
-        async with httpx.AsyncClient(base_url=both.lb.url, timeout=30) as c:
-            for i in range(6):
-                calls = [("cheap", c.post("/classify", json={"texts": ["short text"] * (1 + i % 3)},
-                                          headers=headers("cheap"))),
-                         ("quality", c.post("/classify", json={"text": "a longer text " * (1 + i)},
-                                            headers=headers("quality"))),
-                         ("quality", c.post("/predict", json={"inputs": [["tei text"]] * (1 + i % 4)},
-                                            headers=headers("quality"))),
-                         ("cheap", c.post("/", json={"inputs": "root route"}, headers=headers("cheap")))]
-                for (tier, _), r in zip(calls, await asyncio.gather(*(call for _, call in calls)), strict=True):
-                    assert r.status_code == 200, r.text
-                    spent[tier] += milli(r.headers["x-charge"] if "x-charge" in r.headers else r.json()["charge"])
-                    counts[tier] += 1
-                    replicas.add(r.headers["x-replica"])
-
-    asyncio.run(traffic())
+    for tier, r in asyncio.run(two_tier_traffic(both.lb.url, 6)):
+        spent[tier] += milli(charge_of(r))
+        counts[tier] += 1
+        replicas.add(r.headers["x-replica"])
     assert replicas == {"a", "b"}
     after = tier_units()
     for tier in ("cheap", "quality"):

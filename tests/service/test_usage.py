@@ -22,12 +22,14 @@ from headbudget.service.settings import StateConfig, parse_config
 from headbudget.service.state import StateStore, Usage, UsageRow, utc_day
 from tests.service.conftest import (
     KEYS,
+    charge_of,
     config_dict,
     headers,
     redis_process,
     running_app,
     start_server,
     toml_of,
+    two_tier_traffic,
 )
 from tests.service.test_api import sample
 
@@ -117,18 +119,8 @@ async def test_per_key_metrics_only_when_asked() -> None:
 async def _traffic(url: str, rounds: int) -> dict[str, float]:
     """Requests of two keys of different tiers over /classify and /predict; the charges their answers carry."""
     spent = {"cheap": 0.0, "quality": 0.0}
-    async with httpx.AsyncClient(base_url=url, timeout=60) as c:
-        for i in range(rounds):
-            calls = [("cheap", c.post("/classify", json={"texts": ["short text"] * (1 + i % 3)},
-                                      headers=headers("cheap"))),
-                     ("quality", c.post("/classify", json={"text": "a somewhat longer text " * (1 + i)},
-                                        headers=headers("quality"))),
-                     ("quality", c.post("/predict", json={"inputs": [["tei text"]] * (1 + i % 4)},
-                                        headers=headers("quality"))),
-                     ("cheap", c.post("/", json={"inputs": "root route"}, headers=headers("cheap")))]
-            for (tier, _), r in zip(calls, await asyncio.gather(*(call for _, call in calls)), strict=True):
-                assert r.status_code == 200, r.text
-                spent[tier] += float(r.headers["x-charge"]) if "x-charge" in r.headers else r.json()["charge"]
+    for tier, r in await two_tier_traffic(url, rounds):
+        spent[tier] += float(charge_of(r))
     return spent
 
 
