@@ -76,6 +76,17 @@ def cpu_name() -> str:
     return "unknown"
 
 
+def code_commit(short: bool = True) -> str:
+    """The commit of the headbudget code that runs (a checkout on PYTHONPATH measures older code)."""
+    import headbudget
+
+    cmd = ["git", "-C", str(Path(headbudget.__file__).parent), "rev-parse", *(["--short"] if short else []), "HEAD"]
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def data_texts(folder: Path, n: int, seed: int = 0) -> list[str]:
     """``n`` texts sampled from test.csv (else train.csv) of ``folder``; column ``text`` or the first one."""
     for name in ("test.csv", "train.csv"):

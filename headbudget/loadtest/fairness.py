@@ -206,14 +206,6 @@ async def with_heavy(url: str, keys: dict[str, str], light_rps: float, seconds: 
 
 
 # -- the run ---------------------------------------------------------------------------------------------------
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).resolve().parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def _p99(xs: list[float]) -> float | None:
     return round(pct(xs, 0.99), 3) if xs else None
 
@@ -221,7 +213,7 @@ def _p99(xs: list[float]) -> float | None:
 def measure(model: Path, config: Path, tier: str, workers: int, seconds: float, light_rps: float, heavy_users: int,
             heavy_texts: int, long_words: int, precision: str, redis: bool, command: str) -> dict[str, Any]:
     """Run both phases on one server; the figures and what they were measured on."""
-    from headbudget.experiments.bench import cpu_name
+    from headbudget.experiments.bench import code_commit, cpu_name
 
     base = tomllib.loads(config.read_text(encoding="utf-8"))
     if tier not in base.get("tiers", {}):
@@ -270,7 +262,7 @@ def measure(model: Path, config: Path, tier: str, workers: int, seconds: float, 
                   "seconds_per_phase": seconds, "light_rps": light_rps, "heavy_users": heavy_users,
                   "heavy_texts_per_request": heavy_texts, "long_text_words": long_words, "precision": precision,
                   "config": str(config)},
-        "machine": cpu_name(), "date": time.strftime("%Y-%m-%d"), "commit": _commit(),
+        "machine": cpu_name(), "date": time.strftime("%Y-%m-%d"), "commit": code_commit(short=False),
         "command": command,
         "checkpoint": str(model),
     }

@@ -16,7 +16,6 @@ import asyncio
 import http.client
 import json
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -185,17 +184,6 @@ def supervisor_mb(model: Path, precision: str) -> float:
         return round(sum(p.memory_info().rss for p in others) / 2**20)
 
 
-def _commit() -> str:
-    """The commit of the headbudget code that runs (a checkout on PYTHONPATH measures older code)."""
-    import headbudget
-
-    try:
-        return subprocess.run(["git", "-C", str(Path(headbudget.__file__).parent), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m headbudget.loadtest.memory", description=__doc__)
     p.add_argument("--model", type=Path, required=True)
@@ -204,12 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
-    from headbudget.experiments.bench import cpu_name
+    from headbudget.experiments.bench import code_commit, cpu_name
 
     run = "python -m headbudget.loadtest.memory" if __spec__ is not None else "python headbudget/loadtest/memory.py"
     result: dict[str, Any] = {"command": " ".join([run, *(argv or sys.argv[1:])]),
                               "model": str(args.model), "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"),
-                              "commit": _commit(), "precision": args.precision, "workers": 1,
+                              "commit": code_commit(), "precision": args.precision, "workers": 1,
                               "max_activation_mb": args.max_activation_mb}
     result.update(measure(args.model, args.precision, args.max_activation_mb, rounds=args.rounds))
     result["beside_workers_mb"] = supervisor_mb(args.model, args.precision)
