@@ -1,9 +1,12 @@
-"""``headbudget bench``: engine latency per budget against the dense runtimes, written to bench.json."""
+"""``headbudget bench``: engine latency per budget against the dense runtimes, written to bench.json; with
+``--all-budgets``, every budget of the grid (and a few off it) against ORT dense, written to a budgets file."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import shlex
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -13,7 +16,9 @@ from headbudget.engine.names import DEFAULT_PRECISION
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("bench", help="benchmark the head-skipping engine against dense runtimes")
+    # prog: a bad value reads "headbudget bench: error: ...", not the top-level usage line's words
+    p = subparsers.add_parser("bench", prog="headbudget bench",
+                              help="benchmark the head-skipping engine against dense runtimes")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", type=existing_dir, help="checkpoint folder")
     src.add_argument("--base", choices=["minilm"], help="pretrained MiniLM with random gates (timing only)")
@@ -30,8 +35,26 @@ def register(subparsers: Any) -> None:
                         "call), one untimed call of the same method (warm), or a run of them (steady: one "
                         "budget's calls back to back)")
     p.add_argument("--warm-cache", action="store_true", help=argparse.SUPPRESS)  # the former name of --cache warm
-    p.add_argument("--out", type=Path, required=True, help="where to write bench.json")
+    p.add_argument("--all-budgets", action="store_true",
+                   help="time every budget of the 0.05 grid and the off-grid budgets round-robin against ORT's "
+                        "dense export of --precision, and write one file of them (e.g. --out int8-budgets.json; "
+                        "pareto.png's latency panel draws it)")
+    p.add_argument("--off-grid-budgets", type=_budget_above_zero, nargs="+", metavar="B",
+                   help="with --all-budgets: budgets off the grid to time as well (default 0.37 0.62 0.88)")
+    p.add_argument("--out", type=Path, required=True,
+                   help="where to write bench.json (with --all-budgets: the budgets file)")
     p.set_defaults(func=run)
+
+
+def _budget_above_zero(text: str) -> float:
+    """argparse type: a budget a request can carry, a finite number in (0, 1]."""
+    try:
+        b = float(text)
+    except ValueError:
+        b = math.nan
+    if not math.isfinite(b) or not 0.0 < b <= 1.0:
+        raise argparse.ArgumentTypeError(f"budget must be a number in (0, 1], got {text!r}")
+    return b
 
 
 def _minilm_checkpoint(folder: Path) -> Path:
@@ -72,6 +95,60 @@ def _table(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _budgets_table(r: dict[str, Any]) -> str:
+    lines = [f"cpu: {r['cpu']}  precision: {r['precision']}  seq_len: {r['seq_len']} (median tokens "
+             f"{r['median_tokens']})  threads: {r['threads']}  cache: {r['cache']}  repeats: {r['repeats']}",
+             f"{'budget':>7} {'heads':>6} {'layers':>6} {'ms':>8} {'p90':>8} {'of b=1':>7} {'95% interval':>13} "
+             f"{'of ORT':>7} {'MACs':>6} {'rule':>5} {'mono':>5}"]
+    flags = {c["budget"]: c for c in r["checks"]["rows"]}
+    for row in r["rows"]:
+        lo, hi = row["share_of_b1_ci95"]
+        c = flags[row["budget"]]
+        lines.append(f"{row['budget']:>7.2f} {row['heads_active']:>6} {row['layers_run']:>6} "
+                     f"{row['latency_ms']:>8.2f} {row['p90_ms']:>8.2f} {row['share_of_b1']:>7.3f} "
+                     f"{f'{lo:.3f}-{hi:.3f}':>13} {row['share_of_ort_dense']:>7.3f} {row['mac_fraction']:>6.3f} "
+                     f"{'ok' if c['within_rule'] else 'FAIL':>5} {'ok' if c['monotone'] else 'FAIL':>5}")
+    lines.append("peers: " + "  ".join(f"{k} {v:.2f}" for k, v in r["peers"].items()))
+    checks = r["checks"]
+    failing = ", ".join(f"{b:g}" for b in checks["failing_budgets"]) or "none"
+    lines.append(f"checks: {checks['rule']}: {'all' if checks['all_within_rule'] else 'not all'};  "
+                 f"monotone: {'all' if checks['all_monotone'] else 'not all'};  failing budgets: {failing}")
+    return "\n".join(lines)
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    """The command with every option it ran with spelled out (defaults too), so it reruns the same benchmark."""
+    words = ["headbudget", "bench"]
+    for key, value in vars(args).items():
+        if key in ("func", "command", "warm_cache") or value is None or value is False:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            words.append(flag)
+        elif isinstance(value, list | tuple):
+            words += [flag, *map(str, value)]
+        else:
+            words += [flag, str(value)]
+    return shlex.join(words)
+
+
+def _run_all_budgets(args: argparse.Namespace) -> int:
+    from headbudget.experiments.bench import BenchConfig
+    from headbudget.experiments.budget_bench import OFF_GRID_BUDGETS, BudgetBenchConfig, run_budget_bench
+
+    off_grid = tuple(args.off_grid_budgets) if args.off_grid_budgets is not None else OFF_GRID_BUDGETS
+    with tempfile.TemporaryDirectory(prefix="headbudget-base-") as tmp:
+        model_dir = args.model or _minilm_checkpoint(Path(tmp) / "minilm")
+        bench = BenchConfig(model_dir=model_dir, seq_len=args.seq_len, batch_size=args.batch_size, data=args.data,
+                            precision=args.precision, repeats=args.repeats, memory=False, cache=args.cache)
+        result = run_budget_bench(BudgetBenchConfig(bench=bench, off_grid=off_grid))
+    result["command"] = _command_line(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(_budgets_table(result))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from headbudget.experiments.bench import BenchConfig, run_bench
 
@@ -79,6 +156,10 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--out {args.out} is a folder; give a file name such as bench.json")
     if args.warm_cache:
         args.cache, args.warm_cache = "warm", False
+    if args.all_budgets:
+        return _run_all_budgets(args)
+    if args.off_grid_budgets is not None:
+        raise CliError("--off-grid-budgets needs --all-budgets")
     with tempfile.TemporaryDirectory(prefix="headbudget-base-") as tmp:
         model_dir = args.model or _minilm_checkpoint(Path(tmp) / "minilm")
         cfg = BenchConfig(model_dir=model_dir, seq_len=args.seq_len, batch_size=args.batch_size, data=args.data,

@@ -17,15 +17,19 @@ from headbudget.models.config import SCOPE_SPECS  # noqa: E402
 # Per bench precision: the sweep column of its hard accuracy, and the bench's all-units ONNX Runtime peer.
 _HARD_COLUMN = {"fp32": "accuracy_hard", "int8": "accuracy_hard_int8"}
 _PEER = {"fp32": "ort_fp32_ms", "int8": "ort_int8_ms"}
+# The "mode" of a `headbudget bench --all-budgets` file (experiments/budget_bench.py; training may not import it).
+_ALL_BUDGETS = "all-budgets"
 
 
 def load_benches(*folders: Path) -> list[dict[str, Any]]:
-    """The ``headbudget bench`` documents (bench*.json) found in ``folders``, each file once."""
+    """The ``headbudget bench`` documents found in ``folders`` (bench*.json, and the all-budget files
+    *budgets.json), each file once."""
     import json
 
     docs, seen = [], set()
     for folder in folders:
-        for path in sorted(Path(folder).glob("bench*.json")):
+        paths = sorted({*Path(folder).glob("bench*.json"), *Path(folder).glob("*budgets.json")})
+        for path in paths:
             if path.resolve() in seen:
                 continue
             seen.add(path.resolve())
@@ -36,6 +40,17 @@ def load_benches(*folders: Path) -> list[dict[str, Any]]:
             if isinstance(doc, dict) and isinstance(doc.get("rows"), list):
                 docs.append(doc)
     return docs
+
+
+def latency_tables(benches: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The bench documents the latency panel draws: an all-budget file stands in for the bench.json of the same
+    precision and lengths (it times every budget of the grid, bench.json five), and without one every
+    document is drawn as before."""
+    def key(doc: dict[str, Any]) -> tuple[str, str]:
+        return str(doc.get("precision", "fp32")), str(doc.get("seq_len"))
+
+    covered = {key(d) for d in benches if d.get("mode") == _ALL_BUDGETS}
+    return [d for d in benches if d.get("mode") == _ALL_BUDGETS or key(d) not in covered]
 
 
 def pareto_plot(sweep: dict[str, Any], path: Path, title: str | None = None,
@@ -82,12 +97,13 @@ def pareto_plot(sweep: dict[str, Any], path: Path, title: str | None = None,
 
 
 def _latency_panel(ax: Any, sweep: dict[str, Any], benches: list[dict[str, Any]]) -> None:
-    """Hard accuracy at each benchmarked budget against its measured latency, one curve per bench table."""
+    """Hard accuracy at each benchmarked budget against its measured latency, one curve per bench table
+    (latency_tables: an all-budget file in place of its bench.json; off-grid budgets have no sweep point)."""
     by_budget = {round(p["budget"], 4): p for p in sweep["points"]}
     # The ORT peers run this checkpoint's own weights with every unit: the sweep's ungated accuracy (fp32).
     dense = 100 * sweep.get("ungated_accuracy", sweep["dense_accuracy"])
     colors = iter(("tab:red", "tab:green", "tab:purple", "tab:orange", "tab:brown"))
-    for doc in benches:
+    for doc in latency_tables(benches):
         precision = str(doc.get("precision", "fp32"))
         column = _HARD_COLUMN.get(precision, "accuracy_hard")
         xy = [(r["latency_ms"], 100 * by_budget[round(r["budget"], 4)][column]) for r in doc["rows"]
@@ -95,9 +111,10 @@ def _latency_panel(ax: Any, sweep: dict[str, Any], benches: list[dict[str, Any]]
         if not xy:
             continue
         color = next(colors, "black")
-        where = f"{doc.get('seq_len', '?')} tokens" if doc.get("seq_len") else "data lengths"
+        where = "data lengths" if doc.get("seq_len") in (None, "data") else f"{doc['seq_len']} tokens"
+        every = ", every budget" if doc.get("mode") == _ALL_BUDGETS else ""
         ax.plot(*zip(*sorted(xy), strict=True), "s-", color=color, markersize=4,
-                label=f"this checkpoint, {precision}, {where}")
+                label=f"this checkpoint, {precision}, {where}{every}")
         peers = doc.get("peers") or {}
         peer = peers.get(_PEER.get(precision, "ort_fp32_ms"))
         if isinstance(peer, int | float):
