@@ -53,7 +53,7 @@ def capacity(model: Path, texts: list[str], workers: int, budgets: list[float], 
             asyncio.run(closed_loop(srv.url, texts[:50], b, 4, 2.0))
             runs = []
             for users in levels:
-                before = server_cpu_s(srv)
+                before = server_cpu_s(srv, start=True)
                 r = asyncio.run(closed_loop(srv.url, texts, b, users, seconds))
                 if r["codes"].get("200"):
                     r.update(cpu_per_request(before, server_cpu_s(srv), r["codes"]["200"]))
@@ -99,7 +99,7 @@ def mixed_traffic(model: Path, texts: list[str], workers: int, budgets: list[flo
             steps: list[float | list[float]] = [*budgets, budgets] if i % 2 == 0 else [budgets, *budgets]
             single, forward_single = {}, {}
             for step in steps:
-                before = server_cpu_s(srv)
+                before = server_cpu_s(srv, start=True)
                 r = asyncio.run(closed_loop(srv.url, texts, step, users, seconds, forward=True))
                 cpu = cpu_per_request(before, server_cpu_s(srv), r["codes"].get("200", 0) or 1)
                 if isinstance(step, list):
