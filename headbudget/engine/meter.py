@@ -24,6 +24,8 @@ class TokenMeter:
         self._plan = plan  # budget -> plan, without side effects on the engine
         self._lock = threading.Lock()  # one tokenizer, callers on several threads (the loop, its executor)
         self._plans: dict[float, ExecutionPlan] = {}
+        # (budget, tokens) -> Cost: a plan's cost is a sum over layers in Python, and admission prices every text
+        self._costs: dict[tuple[float, int], Cost] = {}
 
     def count_tokens(self, texts: Sequence[str]) -> list[tuple[int, bool]]:
         with self._lock:
@@ -31,9 +33,14 @@ class TokenMeter:
         return [(len(ids), cut) for ids, cut in zip(enc.ids, enc.truncated, strict=True)]
 
     def cost(self, budget: float, n_tokens: int) -> Cost:
-        plan = self._plans.get(budget)
-        if plan is None:
-            if len(self._plans) > 10_000:  # budgets are any number: keep the cache bounded
-                self._plans.clear()
-            plan = self._plans[budget] = self._plan(budget)
-        return plan.cost(self._shape, n_tokens)
+        cost = self._costs.get((budget, n_tokens))
+        if cost is None:
+            plan = self._plans.get(budget)
+            if plan is None:
+                if len(self._plans) > 10_000:  # budgets are any number: keep the caches bounded
+                    self._plans.clear()
+                plan = self._plans[budget] = self._plan(budget)
+            if len(self._costs) > 50_000:
+                self._costs.clear()
+            cost = self._costs[(budget, n_tokens)] = plan.cost(self._shape, n_tokens)
+        return cost

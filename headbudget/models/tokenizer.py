@@ -44,12 +44,15 @@ class TextEncoder:
         self.tokenizer.no_truncation()
         self.max_length = max_length
         self.pad_id = self.tokenizer.token_to_id("[PAD]") or 0
+        # Without character offsets (nothing here reads them): the same ids, 56 instead of 68 us for one AG News
+        # text on an AMD EPYC; the service tokenizes each request's texts to price them and to run them.
+        self._encode_batch = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
 
     def encode(self, texts: list[str]) -> Encoded:
         """Tokenize a batch; sequences longer than ``max_length`` keep their head and the final [SEP]."""
         out: list[list[int]] = []
         cut: list[bool] = []
-        for enc in self.tokenizer.encode_batch(texts):
+        for enc in self._encode_batch(texts):
             ids = enc.ids
             if len(ids) > self.max_length:
                 ids = ids[: self.max_length - 1] + ids[-1:]
