@@ -35,9 +35,10 @@ STORE = "store.safetensors"
 ORDER = "order"  # the store file's entry for the unit ranking the store was laid out by
 
 
-def cache_key(digest: str, precision: str, layout: str) -> str:
-    blob = json.dumps({"weights": digest, "builder": BUILDER_VERSION, "precision": precision, "layout": layout},
-                      sort_keys=True)
+def cache_key(digest: str, precision: str, layout: str, levels: str = "") -> str:
+    """The cache's key: the weights, the graph builder's version, the precision, the layout and its packed levels."""
+    blob = json.dumps({"weights": digest, "builder": BUILDER_VERSION, "precision": precision, "layout": layout,
+                       "levels": levels}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 

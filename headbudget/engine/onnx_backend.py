@@ -92,8 +92,10 @@ class OnnxEngine(EngineBase):
         self.info = info
         self.precision = options.precision
         self.layout = "dynamic" if options.prepack else "whole"
+        self.levels = B.ffn_levels(cfg, self.precision) if self.layout == "dynamic" else ()
         self.cache = GraphCache(options.cache_dir or Path(model_dir) / "onnx",
-                                cache_key(info.checksum, self.precision, self.layout), f"{self.precision}-{self.layout}")
+                                cache_key(info.checksum, self.precision, self.layout, repr(self.levels)),
+                                f"{self.precision}-{self.layout}")
         cached = self.cache.load_store(cfg, self.precision)
         if cached is None:
             state = load_state(Path(model_dir), cfg)
@@ -113,14 +115,16 @@ class OnnxEngine(EngineBase):
         self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         self._feeds: dict[Hashable, dict[str, Any]] = {}  # plan.key -> the dynamic session's per-plan inputs
         self._keep: list[np.ndarray] = []  # arrays behind cached feed OrtValues
-        self._dyn: Any = None  # the C-level session of the "dynamic" layout
+        self._dyn: dict[int | None, Runner] = {}  # the "dynamic" layout's sessions, by exit depth (None: all layers)
         self._logits = ["logits"]
         # Plans with a prepacked session of their own (EngineOptions.prepacked_budgets, and with a decider the
         # budgets auto runs most); a plan that runs every layer whole needs none: the all-budget session's
-        # full-width branches are prepacked already.
+        # full-width branches are prepacked already. Nor does any plan where the all-budget graph has packed
+        # feed-forward levels: there a budget's own session measured no faster than the levels (and costs its
+        # share of the weights again; docs/results.md, 'Every budget costs what it says').
         hot = info.decider.hot_budgets() if info.decider is not None and options.prepacked_budgets else ()
         self._prepacked = {plan.key for plan in map(self.policy.plan, (*options.prepacked_budgets, *hot))
-                           if not self._whole_model(plan)} if self.layout == "dynamic" else set()
+                           if not self._whole_model(plan)} if self.layout == "dynamic" and not self.levels else set()
         self._bare_key: tuple[int, int] | None = None
         self._bare: tuple[Any, Any] = (None, None)
         _shared_arena()
@@ -172,11 +176,9 @@ class OnnxEngine(EngineBase):
 
     def _runner(self, plan: ExecutionPlan) -> tuple[Runner, dict[str, Any]]:
         """The session that runs ``plan`` and its cached feed dict (reused in place: one engine, one thread)."""
-        if self.layout == "dynamic" and plan.key not in self._prepacked and plan.depth is None:
+        if self.layout == "dynamic" and plan.key not in self._prepacked:
             return self._dynamic(plan)
-        # Here: a prepacked budget, a plan that stops at an exit (the all-budget session runs every layer), or any
-        # plan of the "whole" layout. An exit plan that is not prepacked feeds the store's arrays unpacked, so its
-        # session adds no weight copy.
+        # Here: a prepacked budget, or any plan of the "whole" layout.
         sess = self._whole(plan, prepack=plan.key in self._prepacked)
         feeds = self._feeds.get(("own", plan.key))
         if feeds is None:
@@ -184,17 +186,21 @@ class OnnxEngine(EngineBase):
         return sess, feeds
 
     def _dynamic(self, plan: ExecutionPlan) -> tuple[Runner, dict[str, Any]]:
-        """The one all-budget session and the per-call attention (and feed-forward) inputs for ``plan`` (cached)."""
-        c, p = self.cfg, self.precision
-        if self._dyn is None:
-            init = B.dynamic_arrays(self.store, c, self._slices)
-            self._dyn = self._session("dynamic", "dynamic", init, lambda: G.build_dynamic(c, p, init), prepack=True)
+        """The all-budget session of the plan's depth (every layer, or those below its exit: one per exit used)
+        and the plan's per-call inputs (cached)."""
+        c, p, depth = self.cfg, self.precision, plan.depth
+        sess = self._dyn.get(depth)
+        if sess is None:
+            init, levels = B.dynamic_arrays(self.store, c, self._slices, self.levels, depth), self.levels
+            name = "dynamic" if depth is None else f"dynamic-d{depth}"
+            sess = self._dyn[depth] = self._session(name, name, init,
+                                                    lambda: G.build_dynamic(c, p, init, levels, depth), prepack=True)
         feeds = self._feeds.get(plan.key)
         if feeds is None:
-            arrays = B.dynamic_feeds(self.store, c, plan, self._slices)
+            arrays = B.dynamic_feeds(self.store, c, plan, self._slices, self.levels)
             self._keep.extend(arrays.values())
-            feeds = self._feeds[plan.key] = {n: self._dyn.value(a) for n, a in arrays.items()}
-        return self._dyn, feeds
+            feeds = self._feeds[plan.key] = {n: sess.value(a) for n, a in arrays.items()}
+        return sess, feeds
 
     # -- EngineBase -------------------------------------------------------------------------------------
     def make_plan(self, budget: float) -> ExecutionPlan:
@@ -234,7 +240,7 @@ class OnnxEngine(EngineBase):
             self.forward_ids(ids, mask, self.plan(b))
 
     def close(self) -> None:
-        self._dyn = None
+        self._dyn.clear()
         self._feeds.clear()
         self._sessions.clear()
         self._values.clear()

@@ -26,7 +26,9 @@ from headbudget.engine.store import (
     head_names,
     input_names,
     layer_names,
+    level_input,
 )
+from headbudget.engine.types import Precision
 from headbudget.models.config import ModelConfig
 from headbudget.models.plan import ExecutionPlan
 
@@ -49,6 +51,20 @@ class SliceCache:
     qkv: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)  # (layer, heads) -> int8 Q/K/V prefix
     idle_heads: _Idle | None = None
     idle_neurons: _Idle | None = None
+
+
+def ffn_levels(cfg: ModelConfig, precision: Precision) -> tuple[int, ...]:
+    """The packed feed-forward widths of the all-budget graph (``PrecisionSpec.ffn_levels`` in whole groups of
+    neurons), ascending, each above 0 and below the layer's width; none for attention-scope checkpoints."""
+    total, group = cfg.intermediate_size, cfg.gate.ffn_group
+    if not cfg.ffn_groups:
+        return ()
+    return tuple(sorted({round(f * total / group) * group for f in PRECISIONS[precision].ffn_levels} - {0, total}))
+
+
+def floor_level(width: int, levels: tuple[int, ...]) -> int:
+    """The largest packed width at most ``width`` (0: none), where a block of ``width`` units starts."""
+    return max((lv for lv in levels if lv <= width), default=0)
 
 
 def run_layers(cfg: ModelConfig, plan: ExecutionPlan) -> list[tuple[int, int]]:
@@ -113,13 +129,13 @@ def _sliced(store: WeightStore, layer: int, k: int, dh: int, cache: SliceCache) 
     return out
 
 
-def _ffn_sliced(store: WeightStore, layer: int, w: int) -> Arrays:
-    """The arrays of one feed-forward block at its first w neurons (0 < w < I): views of the store."""
+def _ffn_sliced(store: WeightStore, layer: int, w: int, lo: int = 0) -> Arrays:
+    """The arrays of one feed-forward block's neurons ``lo`` to w (0 < w < I): views of the store."""
     lw, n = store.layers[layer], layer_names(layer, neurons=w)
-    # W1 (w, D) and W2 (w, D): row prefixes of the (I, D) store (weights.w1_by_rows).
-    out: Arrays = {n.b1: lw.b1[:w], n.w2: lw.w2[:w], n.w1: lw.w1[:w]}
+    # W1 (w, D) and W2 (w, D): row ranges of the (I, D) store (weights.w1_by_rows).
+    out: Arrays = {n.b1: lw.b1[lo:w], n.w2: lw.w2[lo:w], n.w1: lw.w1[lo:w]}
     if lw.w1_s is not None and store.w1_z is not None:
-        out[n.w1_s], out[n.w1_z] = lw.w1_s[:w], store.w1_z[:w]
+        out[n.w1_s], out[n.w1_z] = lw.w1_s[lo:w], store.w1_z[lo:w]
     return out
 
 
@@ -142,21 +158,26 @@ def bind(store: WeightStore, cfg: ModelConfig, plan: ExecutionPlan, cache: Slice
     return out
 
 
-def dynamic_arrays(store: WeightStore, cfg: ModelConfig, cache: SliceCache) -> Arrays:
-    """The initializers of ``build_dynamic``: all but the sliced attention (and feed-forward) weights, fed per call.
+def dynamic_arrays(store: WeightStore, cfg: ModelConfig, cache: SliceCache, levels: tuple[int, ...],
+                   depth: int | None = None) -> Arrays:
+    """The initializers of ``build_dynamic`` (``depth``: its graph for the plans that stop at that exit): all but
+    the per-call slices.
 
     The full-width attention weights (``l{l}.wqkv.k{H}`` ...) are initializers of the If branch that runs a
-    layer at all its heads: they are views of the store, and that branch's Gemms get prepacked. The full
-    feed-forward matrices (``l{l}.w1`` ...) are likewise prepacked, used by every budget (attention scope) or
-    by the If branch that runs a layer at all its neurons (whole-model budgets).
+    layer at all its heads: views of the store, prepacked by that branch's kernels. The full feed-forward
+    matrices (``l{l}.w1`` ...) likewise, and each packed level's prefix (``.n{L}``) in the branch that runs
+    that level and the rest.
     """
-    out = _shared(store, CLASSIFIER)
+    n_layers = cfg.n_layers if depth is None else depth
+    out = _shared(store, CLASSIFIER if depth is None else exit_head(depth))
     folded = PRECISIONS[store.precision].folds_residual_biases
-    for layer, lw in enumerate(store.layers):
+    for layer, lw in enumerate(store.layers[:n_layers]):
         out.update(_full_ffn(store, layer))
         _put(out, layer_names(layer).wo_s, lw.wo_s)
-        out.update(_norms(lw, layer, folded, last=layer == cfg.n_layers - 1))
+        out.update(_norms(lw, layer, folded, last=layer == n_layers - 1))
         out.update(_sliced(store, layer, cfg.n_heads, cfg.head_dim, cache))
+        for w in levels:
+            out.update(_ffn_sliced(store, layer, w))
     return out
 
 
@@ -175,21 +196,23 @@ def _idle(cfg: ModelConfig, store: WeightStore, cache: SliceCache) -> tuple[_Idl
     return cache.idle_heads, cache.idle_neurons
 
 
-def dynamic_feeds(store: WeightStore, cfg: ModelConfig, plan: ExecutionPlan, cache: SliceCache) -> Arrays:
+def dynamic_feeds(store: WeightStore, cfg: ModelConfig, plan: ExecutionPlan, cache: SliceCache,
+                  levels: tuple[int, ...]) -> Arrays:
     """The per-call inputs of ``build_dynamic`` for ``plan`` (views of ``store`` or ``cache``).
 
-    A layer with no head gets one all-zero head: Q = K = V = 0 and a zero W_O slice, so it adds exactly b_O,
-    which is what the reference computes (one head's worth of wasted work, only in empty layers). A layer at
-    all its heads takes the If branch with prepacked weights and gets a one-head dummy input too. The
-    feed-forward block (whole-model budgets) does the same: a layer with no neuron gets one zero neuron
-    (GELU(0) = 0 times a zero W2 row: it adds exactly b2), and a full layer a one-neuron dummy.
+    An attention block below all its heads runs the plan's heads from these inputs; a feed-forward block below
+    all its neurons runs the largest packed level within its width (``levels``, none: 0) from initializers and
+    the rest of its neurons from these inputs. A block with no such unit (no head, no neuron, or no neuron
+    above its level) gets one all-zero unit instead: a zero head (Q = K = V = 0 and zero W_O rows) or a zero
+    neuron (GELU(0) = 0 times a zero W2 row) adds exactly nothing, which is what the reference computes (one
+    unit's worth of wasted work). A block at all its units takes the full branch and ignores them.
     """
     dh, n_heads, full_width = cfg.head_dim, cfg.n_heads, cfg.intermediate_size
     quantized = PRECISIONS[store.precision].quantized
     idle_heads, idle_neurons = _idle(cfg, store, cache)
     out: Arrays = {}
     widths = plan.ffn_widths(full_width)
-    for layer, k in enumerate(plan.heads):
+    for layer, k in enumerate(plan.heads[: plan.layers_run]):
         n = input_names(layer)
         out[n.full] = np.array(k == n_heads)
         if 0 < k < n_heads:
@@ -209,9 +232,13 @@ def dynamic_feeds(store: WeightStore, cfg: ModelConfig, plan: ExecutionPlan, cac
             continue
         w = widths[layer]
         out[n.ffn_full] = np.array(w == full_width)
-        if 0 < w < full_width:
+        lo = floor_level(w, levels) if w < full_width else 0
+        if levels:  # which branch runs (the flags of ``onnx_graph._Graph.choose``): one of these, or full
+            for lv in (0, *levels):
+                out[level_input(layer, lv)] = np.array(w < full_width and lv == lo)
+        if lo < w < full_width:
             own = layer_names(layer, neurons=w)
-            sliced = _ffn_sliced(store, layer, w)
+            sliced = _ffn_sliced(store, layer, w, lo)
             out |= {n.w1: sliced[own.w1], n.b1: sliced[own.b1], n.w2: sliced[own.w2]}
             if quantized:
                 out[n.w1_s], out[n.w1_z] = sliced[own.w1_s], sliced[own.w1_z]

@@ -32,11 +32,13 @@ from headbudget.engine.store import (
     EMBEDDINGS,
     POOLER,
     Arrays,
+    InputNames,
     LayerNames,
     exit_head,
     head_names,
     input_names,
     layer_names,
+    level_input,
 )
 from headbudget.engine.types import Precision
 from headbudget.engine.weights import w1_by_rows
@@ -47,7 +49,8 @@ from headbudget.models.plan import ExecutionPlan
 # 7: whole-model budgets (neuron-ordered feed-forward store, feed-forward prefixes in the graphs).
 # 8: int8 whole-model W1 stored (I, D) like fp32, run by QGemm(transB=1): no per-width copies.
 # 10: fp32 residual biases folded (weights.fold_residual_biases): the residual rides in the second Gemm's C.
-BUILDER_VERSION = 10
+# 11: packed feed-forward levels (PrecisionSpec.ffn_levels) and one all-budget graph per exit depth.
+BUILDER_VERSION = 11
 OPSET = 17
 MS = "com.microsoft"
 _NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int8): TensorProto.INT8}
@@ -87,18 +90,9 @@ class _Graph:
     def linear(self, x: str, w: str, bias: str, scale: str, trans_b: bool = False) -> str:
         """x @ W + b for 2-D x; quantized W is (K, N) with one scale per column, fp32 W is (N, K) when trans_b."""
         if self.spec.quantized:
-            assert not trans_b, "quantized (N, K) weights go through rows_int8"
+            assert not trans_b, "quantized (N, K) weights go through hidden (QGemm)"
             return self.op("DynamicQuantizeMatMul", [x, w, scale, "", bias], domain=MS)
         return self.op("Gemm", [x, w, bias], transB=int(trans_b))
-
-    def rows_int8(self, x: str, w: str, scale: str, zero: str) -> str:
-        """x @ W^T without bias for an int8 W stored (N, K), one scale (and zero point 0) per row.  (M, N)
-
-        DynamicQuantizeMatMul has no transposed B; this pair quantizes x exactly as it does (uint8, per
-        tensor), so the product is bit-identical to it over a (K, N) copy (see weights.w1_by_rows).
-        """
-        xq, xs, xz = self.op("DynamicQuantizeLinear", [x], n_out=3).split(",")
-        return self.op("QGemm", [xq, xs, xz, w, scale, zero], domain=MS, transB=1)
 
     def norm(self, x: str, gamma: str, beta: str) -> str:
         return self.op("LayerNormalization", [x, gamma, beta], axis=-1, epsilon=self.cfg.layer_norm_eps)
@@ -124,6 +118,26 @@ class _Graph:
             branches.append(helper.make_graph(child.nodes, f"branch_{self.count}_{i}", [], [vi]))
         return self.op("If", [cond], then_branch=branches[0], else_branch=branches[1])
 
+    def choose(self, packed: Sequence[tuple[str, Callable[[_Graph], str]]],
+               other: tuple[str, Callable[[_Graph], str]]) -> str:
+        """The block the one true flag picks: one of ``packed`` (flag, builder), or ``other``.
+
+        Every branch that reads packed weights hangs off an If node of this graph, never a nested one: ONNX
+        Runtime prepacks an outer initializer for a kernel one If deep, not two (a packed level two Ifs deep ran
+        slower than no packing at all). So each packed block has an If of its own that computes it or gives no
+        rows, and one Concat of them all is the chosen block's output (one copy; an Identity chain copied once
+        per If, a broadcast Sum added once per If); ``other`` (weights fed per call) nests in the first.
+        """
+
+        def empty(g: _Graph) -> str:
+            g.count += 1
+            return g.const(f"none_{g.count}", np.zeros((0, self.cfg.hidden_size), np.float32))
+
+        (flag, build), rest = packed[0], packed[1:]
+        parts = [self.switch(flag, build, lambda g: g.switch(other[0], other[1], empty))]
+        parts += [self.switch(flag, build, empty) for flag, build in rest]
+        return self.op("Concat", parts, axis=0)
+
     def attention(self, x: str, bn: str, bias: str, layer: int, k: int | None) -> str:
         """LN(x + W_O·Attn(x) + b_O) over the first k heads; LN(x + b_O) when k = 0.  (B*N, D)
 
@@ -136,16 +150,21 @@ class _Graph:
         n = input_names(layer) if k is None else layer_names(layer, heads=k)
         qkv = self.linear(x, n.wqkv, n.bqkv, n.wqkv_s, trans_b=not self.spec.qkv_by_columns)  # (B*N, 3*k*dh)
         heads = n.heads if k is None else self.const(n.heads, np.array([k, 3, dh], np.int64))
+        flat = n.flat if k is None else self.const(n.flat, np.array([-1, k * dh], np.int64))
+        ctx = self.attend(qkv, bn, bias, heads, flat)  # (B*N, k*dh)
+        o = self.residual_out(ctx, n.wo, own.bo, own.wo_s, x)  # x + W_O ctx + b_O: (B*N, D)
+        return self.norm(o, own.ln1_g, own.ln1_b)
+
+    def attend(self, qkv: str, bn: str, bias: str, heads: str, flat: str) -> str:
+        """softmax(Q K^T / sqrt(dh) + mask) V per head, from Q/K/V (B*N, k*3*dh) to (B*N, k*dh)."""
         qkv = self.op("Reshape", [qkv, self.op("Concat", [bn, heads], axis=0)])  # (B, N, k, 3, dh)
         qkv = self.op("Transpose", [qkv], perm=[3, 0, 2, 1, 4])  # (3, B, k, N, dh)
         q, kk, v = self.op("Split", [qkv], n_out=3, axis=0).split(",")  # each (1, B, k, N, dh)
-        scores = self.op("FusedMatMul", [q, kk], domain=MS, transB=1, alpha=1.0 / math.sqrt(dh))  # (1,B,k,N,N)
+        scale = 1.0 / math.sqrt(self.cfg.head_dim)
+        scores = self.op("FusedMatMul", [q, kk], domain=MS, transB=1, alpha=scale)  # (1,B,k,N,N)
         probs = self.op("Softmax", [self.op("Add", [scores, bias])], axis=-1)
         ctx = self.op("Transpose", [self.op("MatMul", [probs, v])], perm=[0, 1, 3, 2, 4])  # (1, B, N, k, dh)
-        flat = n.flat if k is None else self.const(n.flat, np.array([-1, k * dh], np.int64))
-        ctx = self.op("Reshape", [ctx, flat])  # (B*N, k*dh)
-        o = self.residual_out(ctx, n.wo, own.bo, own.wo_s, x)  # x + W_O ctx + b_O: (B*N, D)
-        return self.norm(o, own.ln1_g, own.ln1_b)
+        return self.op("Reshape", [ctx, flat])  # (B*N, k*dh)
 
     def ffn(self, x: str, layer: int, w: int | None, last: bool) -> str:
         """LN(x + W2·GELU(W1·x + b1) + b2) over the first w neurons, exact (erf) GELU; LN(x + b2) when w = 0.
@@ -161,12 +180,32 @@ class _Graph:
             return self.norm(x if self.fold else self.op("Add", [own.b2, x]), own.ln2_g, beta)
         n = input_names(layer) if w is None else layer_names(
             layer, neurons=None if w == self.cfg.intermediate_size else w)
+        h = self.hidden(self.quantize(x), n)  # (B*N, w)
+        return self.norm(self.residual_out(h, n.w2, own.b2, own.w2_s, x), own.ln2_g, beta)
+
+    def ffn_level(self, x: str, layer: int, lo: int, last: bool) -> str:
+        """The feed-forward block at the packed prefix of ``lo`` neurons (initializers) plus the rest of the plan's
+        neurons (the per-call inputs), each through GELU and W2, summed into the residual.  (B*N, D)"""
+        own, n, lv = layer_names(layer), input_names(layer), layer_names(layer, neurons=lo)
+        xq = self.quantize(x)
+        o = self.residual_out(self.hidden(xq, lv), lv.w2, own.b2, own.w2_s, x)
+        o = self.residual_out(self.hidden(xq, n), n.w2, "", own.w2_s, o)
+        return self.norm(o, own.ln2_g, _ln2_beta(own, self.precision, last))
+
+    def quantize(self, x: str) -> str:
+        """x as the int8 W1-by-rows product takes it (DynamicQuantizeLinear's three outputs), else x itself."""
+        if w1_by_rows(self.cfg) and self.spec.quantized:
+            return self.op("DynamicQuantizeLinear", [x], n_out=3)
+        return x
+
+    def hidden(self, xq: str, n: LayerNames | InputNames) -> str:
+        """GELU(W1 x + b1) over the neurons ``n`` names, from ``quantize``'s output.  (B*N, w)"""
         rows = w1_by_rows(self.cfg)
         if rows and self.spec.quantized:  # the bias rides in BiasGelu: no Add over (B*N, w)
-            h = self.op("BiasGelu", [self.rows_int8(x, n.w1, n.w1_s, n.w1_z), n.b1], domain=MS)  # (B*N, w)
-        else:
-            h = self.op("Gelu", [self.linear(x, n.w1, n.b1, n.w1_s, trans_b=rows)], domain=MS)  # (B*N, w)
-        return self.norm(self.residual_out(h, n.w2, own.b2, own.w2_s, x), own.ln2_g, beta)
+            # QGemm quantizing x exactly as DynamicQuantizeMatMul does: bit-identical to it over a (K, N) copy
+            q = self.op("QGemm", [*xq.split(","), n.w1, n.w1_s, n.w1_z], domain=MS, transB=1)
+            return self.op("BiasGelu", [q, n.b1], domain=MS)
+        return self.op("Gelu", [self.linear(xq, n.w1, n.b1, n.w1_s, trans_b=rows)], domain=MS)
 
     def embed(self, ids: str) -> str:
         """(B, N) ids -> LN(word + position + token type 0), flattened to (B*N, D)."""
@@ -266,14 +305,17 @@ def build_graph(cfg: ModelConfig, plan: ExecutionPlan, precision: Precision, arr
     return _model(g, [_IDS, _MASK], {"logits": logits}, arrays)
 
 
-def build_dynamic(cfg: ModelConfig, precision: Precision, arrays: Arrays) -> onnx.ModelProto:
-    """The whole classifier for every budget in one graph; per layer, If(full) picks the attention branch.
+def build_dynamic(cfg: ModelConfig, precision: Precision, arrays: Arrays, levels: tuple[int, ...],
+                  depth: int | None = None) -> onnx.ModelProto:
+    """The whole classifier for every budget in one graph (``depth``: the layers below that exit and its head,
+    for every plan that stops there); per layer, If nodes pick each block's branch.
 
-    All heads: weights are initializers, prepacked once. Fewer heads: the head-prefix slices are graph
-    inputs (``dynamic_feeds``), never prepacked, so no budget adds a packed copy. Norms, embeddings and
-    classifier are initializers, prepacked once and used by every budget; so is the feed-forward block for
-    attention-scope checkpoints. Whole-model budgets give the feed-forward block its own If(ffn_full): all
-    neurons, prepacked initializers; fewer, the neuron-prefix slices as inputs.
+    All heads: weights are initializers, prepacked once. Fewer heads: the head-prefix slices are graph inputs
+    (``dynamic_feeds``), never prepacked, so no budget adds a packed copy. Norms, embeddings and classifier are
+    initializers used by every budget; so is the feed-forward block for attention-scope checkpoints. With
+    whole-model budgets the feed-forward block has a branch for all its neurons, one per packed level
+    (``levels``: that prefix from initializers, prepacked once, and the rest of the plan's neurons as inputs),
+    and one for the plan's neurons all fed per call.
     """
     g = _Graph(cfg, precision)
     bn = g.op("Shape", ["input_ids"])  # (2,) = [B, N]
@@ -282,17 +324,17 @@ def build_dynamic(cfg: ModelConfig, precision: Precision, arrays: Arrays) -> onn
     inputs = [_IDS, _MASK]
     spec = PRECISIONS[precision]
     wtype = _NP_TO_ONNX[np.dtype(spec.weight_dtype)]
-    for layer in range(cfg.n_layers):
-        n, info = input_names(layer), helper.make_tensor_value_info
+    info = helper.make_tensor_value_info
+    n_layers = cfg.n_layers if depth is None else depth
+    for layer in range(n_layers):
+        n, last = input_names(layer), layer == n_layers - 1
         inputs += [info(n.full, TensorProto.BOOL, []), info(n.wqkv, wtype, [None, None]),
                    info(n.bqkv, TensorProto.FLOAT, [None]), info(n.wo, wtype, [None, cfg.hidden_size]),
                    info(n.heads, TensorProto.INT64, [3]), info(n.flat, TensorProto.INT64, [2])]
         if spec.quantized:
             inputs.append(info(n.wqkv_s, TensorProto.FLOAT, [None]))
-        h = x
-        x = g.switch(n.full, partial(_Graph.attention, x=h, bn=bn, bias=bias, layer=layer, k=cfg.n_heads),
-                     partial(_Graph.attention, x=h, bn=bn, bias=bias, layer=layer, k=None))
-        last = layer == cfg.n_layers - 1
+        att = partial(_Graph.attention, x=x, bn=bn, bias=bias, layer=layer)
+        x = g.switch(n.full, partial(att, k=cfg.n_heads), partial(att, k=None))
         if not cfg.ffn_groups:  # attention scope: every neuron, every budget
             x = g.ffn(x, layer, cfg.intermediate_size, last)
             continue
@@ -301,8 +343,23 @@ def build_dynamic(cfg: ModelConfig, precision: Precision, arrays: Arrays) -> onn
                    info(n.b1, TensorProto.FLOAT, [None]), info(n.w2, wtype, [None, cfg.hidden_size])]
         if spec.quantized:
             inputs += [info(n.w1_s, TensorProto.FLOAT, [None]), info(n.w1_z, TensorProto.INT8, [None])]
-        h = x
-        x = g.switch(n.ffn_full, partial(_Graph.ffn, x=h, layer=layer, w=cfg.intermediate_size, last=last),
-                     partial(_Graph.ffn, x=h, layer=layer, w=None, last=last))
-    logits = g.classify(x, bn, "attention_mask")  # (B, C)
+        ffn = partial(_Graph.ffn, x=x, layer=layer, last=last)
+        x = _block(g, inputs, n.ffn_full, partial(ffn, w=cfg.intermediate_size), partial(ffn, w=None),
+                   [(level_input(layer, lv), partial(_Graph.ffn_level, x=x, layer=layer, lo=lv, last=last))
+                    for lv in levels], level_input(layer, 0))
+    logits = g.classify(x, bn, "attention_mask", CLASSIFIER if depth is None else exit_head(depth))  # (B, C)
     return _model(g, inputs, {"logits": logits}, arrays)
+
+
+Build = Callable[[_Graph], str]
+
+
+def _block(g: _Graph, inputs: list[onnx.ValueInfoProto], full_flag: str, full: Build, rest: Build,
+           levels: list[tuple[str, Build]], rest_flag: str) -> str:
+    """One block of the all-budget graph: all its units (``full``), a packed level and the rest (``levels``), or
+    the plan's units all fed per call (``rest``); without levels, one If (full or not)."""
+    if not levels:
+        return g.switch(full_flag, full, rest)
+    inputs += [helper.make_tensor_value_info(flag, TensorProto.BOOL, []) for flag, _ in levels]
+    inputs.append(helper.make_tensor_value_info(rest_flag, TensorProto.BOOL, []))
+    return g.choose([(full_flag, full), *levels], (rest_flag, rest))

@@ -31,11 +31,19 @@ class PrecisionSpec:
     qkv_by_columns: bool
     weight_dtype: type[np.generic]  # of the stored matrices (biases, norms and scales are float32)
     torch_engines: bool  # the PyTorch engines (the reference and the adaptive fast path) run it
+    # Feed-forward widths, as fractions of a layer's neurons, whose prefixes the all-budget graph also holds as
+    # initializers, so that ONNX Runtime packs them once: a block of any width runs the largest such prefix
+    # packed and only the rest, fed per call, unpacked (onnx_graph.build_dynamic). Why int8 needs them and fp32
+    # does not: an unpacked int8 product packs its weights on every call, which at AG News lengths costs about
+    # what the product does, so budgets between the packed widths cost more than the whole model; fp32's
+    # products dwarf their packing. Why not attention as well: its levels cost more in If nodes than they saved
+    # (docs/results.md, 'Every budget costs what it says').
+    ffn_levels: tuple[float, ...] = ()
 
 
 PRECISIONS: Mapping[Precision, PrecisionSpec] = MappingProxyType({
     "fp32": PrecisionSpec(quantized=False, folds_residual_biases=True, qkv_by_columns=False,
                           weight_dtype=np.float32, torch_engines=True),
     "int8": PrecisionSpec(quantized=True, folds_residual_biases=False, qkv_by_columns=True,
-                          weight_dtype=np.int8, torch_engines=False),
+                          weight_dtype=np.int8, torch_engines=False, ffn_levels=(1 / 3, 2 / 3)),
 })

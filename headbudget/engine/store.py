@@ -233,3 +233,9 @@ def input_names(layer: int) -> InputNames:
     return InputNames(full=p + "full", wqkv=own.wqkv, bqkv=own.bqkv, wo=own.wo, wqkv_s=own.wqkv_s,
                       heads=own.heads, flat=own.flat, ffn_full=p + "ffn_full", w1=p + "ffn_w1", b1=p + "ffn_b1",
                       w2=p + "ffn_w2", w1_s=p + "ffn_w1_s", w1_z=p + "ffn_w1_z")
+
+
+def level_input(layer: int, neurons: int) -> str:
+    """The all-budget graph's per-call flag that layer ``layer`` runs the packed prefix of ``neurons`` feed-forward
+    neurons plus the rest of the plan's (``PrecisionSpec.ffn_levels``); 0: the plan's neurons all fed per call."""
+    return f"l{layer}.ffn_level.n{neurons}"
