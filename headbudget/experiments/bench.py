@@ -121,16 +121,20 @@ def make_batches(engine: Any, cfg: BenchConfig) -> list[tuple[np.ndarray, np.nda
 
 def time_round_robin(methods: dict[str, Callable[[np.ndarray, np.ndarray], object]],
                      batches: Sequence[tuple[np.ndarray, np.ndarray]], warmup: int,
-                     cache: Cache = "cold") -> dict[str, list[float]]:
+                     cache: Cache = "cold", shuffle: bool = False) -> dict[str, list[float]]:
     """Per-method call times, one per batch after the first ``warmup``, in batch order (so rounds stay paired
-    across methods); ``cache`` says what runs before each timed call (CACHES)."""
+    across methods); ``cache`` says what runs before each timed call (CACHES). ``shuffle``: each round runs the
+    methods in its own (seeded) order, so that in the cold case no method always follows the same one: with a
+    fixed order, b = 0.1 always ran right after b = 1 and paid for its evictions in every round."""
     times: dict[str, list[float]] = {name: [] for name in methods}
     block = STEADY_BLOCK if cache == "steady" else 1
+    names, rng = list(methods), random.Random(0)
     for start in range(0, len(batches), block):
         chunk = list(enumerate(batches[start : start + block], start))
+        ordered = rng.sample(names, len(names)) if shuffle else names
         # cold: methods alternate call by call; warm and steady: each timed pass follows an untimed one
-        order = ([(i, b, name, True) for i, b in chunk for name in methods] if cache == "cold" else
-                 [(i, b, name, timed) for name in methods for timed in (False, True) for i, b in chunk])
+        order = ([(i, b, name, True) for i, b in chunk for name in ordered] if cache == "cold" else
+                 [(i, b, name, timed) for name in ordered for timed in (False, True) for i, b in chunk])
         for i, (ids, mask), name, timed in order:
             t0 = time.perf_counter()
             methods[name](ids, mask)

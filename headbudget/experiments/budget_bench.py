@@ -112,7 +112,7 @@ def run_budget_bench(cfg: BudgetBenchConfig) -> dict[str, Any]:
         dense_fp32, dense_int8 = peers.export_dense(model, Path(work))
         dense = dense_fp32 if bench.precision == "fp32" else dense_int8
         methods[peer] = peers.ort_runner(peers.ort_session(dense, bench.threads))
-        times = time_round_robin(methods, batches, bench.warmup, bench.cache)
+        times = time_round_robin(methods, batches, bench.warmup, bench.cache, shuffle=True)
     lengths = [int(n) for _, mask in batches[bench.warmup:] for n in mask.sum(1)]
     b1, ort = np.median(times["engine@1.0"]), np.median(times[peer])
     rows = []
