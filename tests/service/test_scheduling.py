@@ -127,6 +127,44 @@ async def test_client_gone_is_dropped_from_the_queue() -> None:
     assert [t for t, _ in engine.calls] == [["b"]]
 
 
+async def test_a_disconnect_message_drops_the_request_from_the_queue() -> None:
+    """The server learns that a client left from its http.disconnect message (the case above cancels the
+    handler instead): the queued request is dropped and never runs."""
+    engine = FakeEngine()
+    engine.gate.clear()
+    body = b'{"text": "gone", "budget": 0.25}'
+    left = asyncio.Event()
+    sent: list[dict[str, object]] = []
+
+    async def receive() -> dict[str, object]:
+        if not sent:
+            sent.append({})
+            return {"type": "http.request", "body": body, "more_body": False}
+        await left.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/classify", "raw_path": b"/classify", "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                         *[(k.lower().encode(), v.encode()) for k, v in headers().items()]],
+             "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000)}
+    async with running_app(make_config(max_wait_ms=0), engine=engine) as (client, app, _):
+        blocker = asyncio.create_task(client.post("/classify", json={"text": "b"}, headers=headers()))
+        await asyncio.sleep(0.1)
+        gone = asyncio.create_task(app(scope, receive, send))
+        await asyncio.sleep(0.1)
+        assert app.state.runtime.batcher.depth == 1
+        left.set()
+        await asyncio.wait_for(gone, 5)
+        assert app.state.runtime.batcher.depth == 0
+        engine.gate.set()
+        assert (await blocker).status_code == 200
+    assert [t for t, _ in engine.calls] == [["b"]]
+
+
 def _job(tier_name: str, config, texts: list[str], request: BudgetRequest, tokens: int, age_s: float = 0.0) -> Job:
     loop = asyncio.new_event_loop()
     try:
