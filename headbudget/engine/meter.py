@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 from headbudget.engine.types import Cost, ExecutionPlan
 from headbudget.models.plan import Shape
-from headbudget.models.tokenizer import TextEncoder
+from headbudget.models.tokenizer import Encoded, TextEncoder
 
 
 class TokenMeter:
@@ -28,9 +28,12 @@ class TokenMeter:
         self._costs: dict[tuple[float, int], Cost] = {}
 
     def count_tokens(self, texts: Sequence[str]) -> list[tuple[int, bool]]:
-        with self._lock:
-            enc = self._encoder.encode(list(texts))
+        enc = self.tokenize(texts)
         return [(len(ids), cut) for ids, cut in zip(enc.ids, enc.truncated, strict=True)]
+
+    def tokenize(self, texts: Sequence[str]) -> Encoded:
+        with self._lock:
+            return self._encoder.encode(list(texts))
 
     def cost(self, budget: float, n_tokens: int) -> Cost:
         cost = self._costs.get((budget, n_tokens))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from headbudget.engine.types import BatchResult, Cost, ExecutionPlan, ModelInfo, Runnable
+from headbudget.engine.types import BatchResult, Cost, Encoded, ExecutionPlan, ModelInfo, Runnable
 
 
 class Meter(Protocol):
@@ -14,6 +14,11 @@ class Meter(Protocol):
 
     def count_tokens(self, texts: Sequence[str]) -> list[tuple[int, bool]]:
         """(tokens after truncation, truncated?) per text: what the engine will count."""
+        ...
+
+    def tokenize(self, texts: Sequence[str]) -> Encoded:
+        """The texts' token ids as the engine runs them (after truncation), which ``Engine.run`` takes instead of
+        tokenizing them again."""
         ...
 
     def cost(self, budget: float, n_tokens: int) -> Cost:
@@ -48,14 +53,15 @@ class Engine(Protocol):
         ``run(texts, Fixed(budget))`` runs, kept for callers that sweep numbers (CLI, benchmarks, evaluation)."""
         ...
 
-    def run(self, texts: Sequence[str], request: Runnable) -> BatchResult:
+    def run(self, texts: Sequence[str], request: Runnable, tokens: Encoded | None = None) -> BatchResult:
         """Classify ``texts`` as ``request`` asks, resolved by ``info.resolve``: ``Fixed`` runs ``predict``;
         ``Auto`` runs through the checkpoint's decider (``info.decider``), or on a type that predicts its own
         budget is ``predict`` capped at the ceiling (BudgetError on a checkpoint with neither). Under a decider
         each text runs at the budgets it picks for that text, the sum of its passes never above one pass at the
         ceiling; ``target`` selects the operating point calibrated for that mean cost (None: the default one).
         Each Prediction then says the budget it ended at (``budget_applied``, also ``budget_chosen``), every
-        pass it ran (``passes``), and costs their sum."""
+        pass it ran (``passes``), and costs their sum. ``tokens``: the texts as this engine's Meter tokenized them
+        (``Meter.tokenize``), run as they are instead of tokenizing the texts again."""
         ...
 
     def warmup(self) -> None:

@@ -12,9 +12,10 @@ from headbudget.engine.decider import DECIDER_FILE, Decider
 from headbudget.engine.errors import BudgetError
 from headbudget.engine.names import DEFAULT_PRECISION, Backend, Precision
 from headbudget.models.plan import Cost, ExecutionPlan  # re-exported: the engine interface speaks plans
+from headbudget.models.tokenizer import Encoded  # re-exported: what Meter.tokenize gives Engine.run
 
-__all__ = ["DEFAULT_PRECISION", "Auto", "Backend", "BatchResult", "BenchRecord", "BudgetRequest", "Cost", "Decider", "EngineOptions",
-           "ExecutionPlan", "Fixed", "LatencyTarget", "ModelInfo", "Precision", "Prediction", "Runnable",
+__all__ = ["DEFAULT_PRECISION", "Auto", "Backend", "BatchResult", "BenchRecord", "BudgetRequest", "Cost", "Decider", "Encoded",
+           "EngineOptions", "ExecutionPlan", "Fixed", "LatencyTarget", "ModelInfo", "Precision", "Prediction", "Runnable",
            "SweepRecord"]
 
 

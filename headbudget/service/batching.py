@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 from headbudget.engine.errors import EngineError
 from headbudget.engine.protocol import Engine, Meter
-from headbudget.engine.types import Auto, BudgetRequest, LatencyTarget, ModelInfo, Prediction
-from headbudget.service.compute import ComputeUnit, units
+from headbudget.engine.types import Auto, BudgetRequest, Encoded, LatencyTarget, ModelInfo, Prediction
+from headbudget.service.compute import ComputeUnit, Quote, units
 from headbudget.service.errors import Overloaded
 from headbudget.service.latency import LatencyModel
 from headbudget.service.metrics import Metrics
@@ -69,6 +69,8 @@ class Job:
     owner: str = ""  # the key's id (Caller.owner): compute is shared fairly between the keys of a priority
     charge: int = 0  # milli compute units it is expected to run: its weight in that sharing
     start_tag: int = 0  # its virtual start (FairShare): set at admission
+    encoded: Encoded | None = None  # its texts' token ids, where admission priced it (Quote)
+    tokenize_cpu_s: float = 0.0  # CPU time tokenizing them took
 
     def order(self) -> tuple[int, int, int]:
         """Sort key of the service order: priority first, then the keys' fair share of compute, then arrival."""
@@ -123,11 +125,12 @@ class Batcher:
 
     # -- admission (event loop) -------------------------------------------------------------------------
     def submit(self, texts: list[str], tier: TierConfig, request: BudgetRequest, owner: str = "",
-               charge: int | None = None) -> Job:
+               priced: Quote | None = None) -> Job:
         """Queue a request or raise Overloaded (503 with Retry-After) when it cannot be served in time.
 
-        ``owner`` is the caller's key id and ``charge`` the request's price in milli compute units, if admission
-        priced it (else it is estimated here): the keys of a priority share the model by compute (FairShare).
+        ``owner`` is the caller's key id and ``priced`` the request's Quote, if admission priced it: its charge in
+        milli compute units (else estimated here) weighs it as the keys of a priority share the model by compute
+        (FairShare), its token counts are exact, and the engine runs its token ids.
 
         An ``Auto`` request runs under its ceiling. On a checkpoint with a decider such jobs run as one ``Auto``
         and batch only with each other; on one that predicts its own budget (BudgetFormer) the ceiling is a cap
@@ -135,9 +138,14 @@ class Batcher:
         """
         assert self.engine is not None and self.latency is not None and self.planner is not None
         loop = asyncio.get_running_loop()
-        job = Job(texts, tier, self.engine.info.resolve(request), self.latency.estimate_tokens(texts),
-                  loop.create_future(), loop, owner=owner)
-        job.charge = charge if charge is not None else self._estimate_charge(job)
+        if priced is None:
+            job = Job(texts, tier, self.engine.info.resolve(request), self.latency.estimate_tokens(texts),
+                      loop.create_future(), loop, owner=owner)
+            job.charge = self._estimate_charge(job)
+        else:
+            job = Job(texts, tier, self.engine.info.resolve(request), len(texts) * max(n for n, _ in priced.tokens),
+                      loop.create_future(), loop, counted=True, owner=owner, charge=priced.total,
+                      encoded=priced.encoded, tokenize_cpu_s=priced.tokenize_cpu_s)
         with self._cond:
             if self._stopping:
                 raise Overloaded("the server is shutting down", retry_after_s=1)
@@ -284,9 +292,10 @@ class Batcher:
         texts = [t for j in batch for t in j.texts]
         request = batch[0].request.at(budget)  # the planner batches Auto jobs only with Auto jobs of one ceiling
         auto = isinstance(request, Auto)
+        tokens, tokenize_cpu_s = _tokens(batch)
         started, cpu_started = time.monotonic(), time.thread_time()
         try:
-            result = self.engine.run(texts, request)
+            result = self.engine.run(texts, request, tokens)
         except EngineError as e:
             self._set_idle()
             for job in batch:
@@ -298,7 +307,8 @@ class Batcher:
             for job in batch:
                 _deliver(job, e)
             return None
-        wall, cpu = time.monotonic() - started, time.thread_time() - cpu_started
+        # The engine's CPU includes tokenizing the batch, which admission did for the priced requests
+        wall, cpu = time.monotonic() - started, time.thread_time() - cpu_started + tokenize_cpu_s
         # Idle before the first answer leaves this thread: the event loop may hand a client its answer and take
         # that client's next request before this thread runs again, and that request found the model "busy"
         # and waited a whole batch window (seen in CI: 300 ms on one of four sequential requests).
@@ -330,6 +340,19 @@ class Batcher:
                     latency.observe_text(len(text), pred.n_tokens)
 
         return bookkeeping
+
+
+def _tokens(batch: Sequence[Job]) -> tuple[Encoded | None, float]:
+    """The batch's token ids where admission tokenized every request of it, and the CPU time that took; else
+    (None, 0): the engine tokenizes the batch (requests of an unmetered tier share batches with priced ones)."""
+    if len(batch) == 1:
+        return batch[0].encoded, batch[0].tokenize_cpu_s if batch[0].encoded is not None else 0.0
+    parts = [j.encoded for j in batch]
+    if any(e is None for e in parts):
+        return None, 0.0
+    return (Encoded([ids for e in parts if e is not None for ids in e.ids],
+                    [cut for e in parts if e is not None for cut in e.truncated]),
+            sum(j.tokenize_cpu_s for j in batch))
 
 
 def degraded_units(meter: Meter, unit: ComputeUnit, want: float, applied: float, tokens: Sequence[int]) -> float:

@@ -10,11 +10,12 @@ exactly; answers show units with three decimals.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from headbudget.engine.protocol import Meter
-from headbudget.engine.types import Auto, BudgetRequest, Cost, Fixed, LatencyTarget, Prediction
+from headbudget.engine.types import Auto, BudgetRequest, Cost, Encoded, Fixed, LatencyTarget, Prediction
 from headbudget.service.errors import ComputeCapExceeded
 from headbudget.service.settings import TierConfig
 
@@ -92,11 +93,14 @@ def bill(unit: ComputeUnit, predictions: Sequence[Prediction]) -> Bill:
 
 @dataclass(frozen=True)
 class Quote:
-    """A request priced before it runs, at the most it may run: each text's tokens and charge."""
+    """A request priced before it runs, at the most it may run: each text's tokens and charge, and the token ids
+    counted, which the engine then runs instead of tokenizing the texts again."""
 
     budget: float  # the budget it was priced at
     tokens: tuple[tuple[int, bool], ...]  # (tokens, truncated?) per text, as the engine will count them
     texts: tuple[int, ...]  # milli-units per text
+    encoded: Encoded | None = None  # the texts as the Meter tokenized them
+    tokenize_cpu_s: float = 0.0  # CPU time that took: the engine's work, done ahead (Batcher counts it as such)
 
     @property
     def total(self) -> int:
@@ -116,8 +120,11 @@ def priced_budget(request: BudgetRequest, tier: TierConfig) -> float:
 
 def quote(meter: Meter, unit: ComputeUnit, texts: Sequence[str], budget: float) -> Quote:
     """Price ``texts`` at ``budget`` with exact token counts."""
-    tokens = tuple(meter.count_tokens(texts))
-    return Quote(budget, tokens, tuple(unit.milli(meter.cost(budget, n).total_macs) for n, _ in tokens))
+    started = time.thread_time()
+    enc = meter.tokenize(texts)
+    cpu_s = time.thread_time() - started
+    tokens = tuple((len(ids), cut) for ids, cut in zip(enc.ids, enc.truncated, strict=True))
+    return Quote(budget, tokens, tuple(unit.milli(meter.cost(budget, n).total_macs) for n, _ in tokens), enc, cpu_s)
 
 
 def check_cap(tier: TierConfig, priced: Quote) -> None:

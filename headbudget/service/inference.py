@@ -172,8 +172,7 @@ async def run(runtime: Runtime, caller: Caller, texts: list[str], choice: Budget
     charge = priced.total if priced is not None else 0
     reserved = await admit(runtime.state, runtime.config.state, runtime.metrics, caller, charge)
     try:
-        job = runtime.batcher.submit(texts, tier, choice.request, caller.owner,
-                                     priced.total if priced is not None else None)
+        job = runtime.batcher.submit(texts, tier, choice.request, caller.owner, priced)
         try:
             result = await _wait(request, job.future)
         except (ClientGone, asyncio.CancelledError):

@@ -84,8 +84,9 @@ class Metrics:
             ["budget"], buckets=LATENCY_BUCKETS_S, registry=r)
         self.engine_cpu = Counter(
             "headbudget_engine_cpu_seconds_total", "CPU time of the forward passes (tokenizing, running and "
-            "answering a batch, on the thread that ran it), by budget bucket: a process's CPU minus this is "
-            "what serving costs besides the model.", ["budget"], registry=r)
+            "answering a batch, on the thread that ran it; a priced request's texts are tokenized at admission, "
+            "once, and that time counts here), by budget bucket: a process's CPU minus this is what serving costs "
+            "besides the model.", ["budget"], registry=r)
         self.batch_size = Histogram("headbudget_batch_size", "Texts per forward pass.", buckets=BATCH_BUCKETS,
                                     registry=r)
         self.queue_depth = Gauge("headbudget_queue_depth", "Requests waiting for the model.", registry=r,

@@ -17,6 +17,7 @@ from headbudget.engine.types import (
     BatchResult,
     BenchRecord,
     Cost,
+    Encoded,
     ExecutionPlan,
     ModelInfo,
     Prediction,
@@ -46,6 +47,7 @@ class FakeEngine:
         self._lock = threading.Lock()
         self._depth = 0
         self.threads: set[int] = set()  # every thread that ever called
+        self.runs_with_tokens: list[bool] = []  # per run(): whether it was given its Meter's token ids
 
     @contextlib.contextmanager
     def _one_thread(self) -> Iterator[None]:
@@ -89,8 +91,10 @@ class FakeEngine:
         with self._one_thread():
             return self._predict(texts, budget)
 
-    def run(self, texts: Sequence[str], request: Runnable) -> BatchResult:
-        """As the real engines: the checkpoint resolves the request, a Fixed runs ``predict``."""
+    def run(self, texts: Sequence[str], request: Runnable, tokens: Encoded | None = None) -> BatchResult:
+        """As the real engines: the checkpoint resolves the request, a Fixed runs ``predict``; ``tokens`` (its
+        Meter's) are recorded, and the texts counted again all the same."""
+        self.runs_with_tokens.append(tokens is not None)
         resolved = self.info.resolve(request)
         if isinstance(resolved, Auto):
             return self.run_auto(texts, resolved)
@@ -162,6 +166,10 @@ class FakeMeter:
 
     def count_tokens(self, texts: Sequence[str]) -> list[tuple[int, bool]]:
         return self._engine._count_tokens(texts)
+
+    def tokenize(self, texts: Sequence[str]) -> Encoded:
+        counts = self._engine._count_tokens(texts)
+        return Encoded([[0] * n for n, _ in counts], [cut for _, cut in counts])
 
     def cost(self, budget: float, n_tokens: int) -> Cost:
         return self._engine.text_cost(self._engine.cap_heads(budget), n_tokens)

@@ -3,13 +3,15 @@ answer (/classify, the TEI routes) carries its charge per text and per request; 
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from pathlib import Path
 
 import pytest
 
+from headbudget.engine.errors import InputError
 from headbudget.engine.factory import load_engine
-from headbudget.engine.types import EngineOptions
+from headbudget.engine.types import EngineOptions, Fixed
 from headbudget.service.compute import (
     MILLI,
     REFERENCE_TOKENS,
@@ -19,7 +21,8 @@ from headbudget.service.compute import (
     unit_text,
     units,
 )
-from tests.service.conftest import headers, running_app
+from headbudget.service.settings import parse_config
+from tests.service.conftest import config_dict, headers, running_app
 from tests.service.fakes import FakeEngine
 
 TEXTS = ["a fine film", "Stocks rallied after the earnings report " * 3, "word " * 300]
@@ -60,6 +63,12 @@ def test_meter_prices_what_the_engine_reports(backend: str, precision: str, chec
         assert [meter.cost(budget, n) for n, _ in counts] == [p.cost for p in answer.predictions], budget
         charged = bill(unit, answer.predictions)
         assert charged.texts == tuple(unit.milli(meter.cost(budget, n).total_macs) for n, _ in counts)
+    # the ids the Meter counted run as they are: the same answers as the engine tokenizing the texts itself
+    tokens = meter.tokenize(TEXTS)
+    assert [(len(ids), cut) for ids, cut in zip(tokens.ids, tokens.truncated, strict=True)] == counts
+    assert engine.run(TEXTS, Fixed(0.5), tokens).predictions == engine.predict(TEXTS, 0.5).predictions
+    with pytest.raises(InputError):
+        engine.run(TEXTS[:2], Fixed(0.5), tokens)
     dense = engine.predict(["x " * (REFERENCE_TOKENS - 2)], 1.0).predictions[0]
     assert dense.n_tokens == REFERENCE_TOKENS and text_charge(unit, dense.cost) == (REFERENCE_TOKENS * MILLI, 0)
     engine.close()
@@ -87,6 +96,29 @@ def test_meter_counts_off_the_engine_thread_while_it_runs(tiny_checkpoint: Path,
 
 
 pytestmark = pytest.mark.anyio
+
+
+async def test_a_priced_request_runs_the_tokens_its_price_counted() -> None:
+    """Admission tokenizes a metered tier's texts to price them, and the engine runs those ids; it tokenizes an
+    unmetered request's texts itself, and a batch in which any request is unmetered."""
+    cfg = config_dict()
+    cfg["tiers"]["balanced"]["compute_per_minute"] = 1e6  # metered; quality is not
+    engine = FakeEngine()
+    async with running_app(parse_config(cfg), engine=engine) as (client, _, _):
+        async def post(tier: str, budget: float) -> int:
+            r = await client.post(f"/classify?budget={budget}", json={"text": f"a b {tier}"}, headers=headers(tier))
+            return r.status_code
+
+        assert await post("balanced", 0.5) == 200 and await post("quality", 0.5) == 200
+        engine.gate.clear()  # hold a pass, so that the next two requests wait and share a batch
+        blocker = asyncio.create_task(post("quality", 1.0))
+        await asyncio.sleep(0.1)
+        both = [asyncio.create_task(post(t, 0.5)) for t in ("balanced", "quality")]
+        await asyncio.sleep(0.1)
+        engine.gate.set()
+        assert await asyncio.gather(blocker, *both) == [200, 200, 200]
+    assert [len(texts) for texts, _ in engine.calls] == [1, 1, 1, 2]
+    assert engine.runs_with_tokens == [True, False, False, False]
 
 
 async def test_classify_reports_the_charge_per_text_and_per_request() -> None:
