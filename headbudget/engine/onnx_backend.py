@@ -14,12 +14,14 @@ memory for good (docs/results.md, 'Memory under large requests').
 
 Layouts (``EngineOptions.prepack``), measured on the AG News MiniLM-L6 checkpoint, one thread, len 128,
 batch 1, interleaved A/B in one process, medians of 30-150 rounds on a shared 2-core machine:
-- "dynamic" (prepack on, the default): ONE session serves every budget. Per layer an If node picks the
-  attention branch: at all heads, weights are initializers (prepacked once); at fewer heads, the head-prefix
-  slices are graph *inputs* (cached OrtValues over views of the store), which ORT never prepacks, so no
-  budget adds a packed copy. Feed-forward, embeddings and classifier are initializers, prepacked once; with
-  a whole-model budget each layer's feed-forward block has its own If node (full width prepacked, or the
-  plan's neuron prefix as inputs).
+- "dynamic" (prepack on, the default): ONE session serves every budget (one more per exit depth a plan stops
+  at). Per layer an If node picks the attention branch: at all heads, weights are initializers (prepacked
+  once); at fewer heads, the head-prefix slices are graph *inputs* (cached OrtValues over views of the store),
+  which ORT never prepacks, so no budget adds a packed copy. Feed-forward, embeddings and classifier are
+  initializers, prepacked once; with a whole-model budget each layer's feed-forward block picks its branch the
+  same way, and int8 adds packed levels (``PrecisionSpec.ffn_levels``): the largest level within the plan's
+  width runs from prepacked initializers and only the rest of its neurons from inputs, because an unpacked
+  int8 product packs its weights on every call (docs/results.md, 'Every budget costs what it says').
   One run call per forward. fp32: b=1 18.4 ms, b=0.5 15.5, b=0.25 13.8 vs ORT dense 19.3 (a second round:
   19.7 / 16.3 / 14.2 vs 20.0); memory 151 MB over imports for all 19 budgets vs 132 MB dense (1.14x).
 - "chain" (the previous default, removed): prepacked per-layer FFN sessions and unpacked per-(layer, heads)
@@ -92,7 +94,7 @@ class OnnxEngine(EngineBase):
         self.info = info
         self.precision = options.precision
         self.layout = "dynamic" if options.prepack else "whole"
-        self.levels = B.ffn_levels(cfg, self.precision) if self.layout == "dynamic" else ()
+        self.levels = B.Levels.of(cfg, self.precision) if self.layout == "dynamic" else B.Levels()
         self.cache = GraphCache(options.cache_dir or Path(model_dir) / "onnx",
                                 cache_key(info.checksum, self.precision, self.layout, repr(self.levels)),
                                 f"{self.precision}-{self.layout}")
@@ -124,7 +126,7 @@ class OnnxEngine(EngineBase):
         # share of the weights again; docs/results.md, 'Every budget costs what it says').
         hot = info.decider.hot_budgets() if info.decider is not None and options.prepacked_budgets else ()
         self._prepacked = {plan.key for plan in map(self.policy.plan, (*options.prepacked_budgets, *hot))
-                           if not self._whole_model(plan)} if self.layout == "dynamic" and not self.levels else set()
+                           if not self._whole_model(plan)} if self.layout == "dynamic" and not self.levels.neurons else set()
         self._bare_key: tuple[int, int] | None = None
         self._bare: tuple[Any, Any] = (None, None)
         _shared_arena()

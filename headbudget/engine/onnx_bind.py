@@ -48,18 +48,29 @@ class _Idle:
 class SliceCache:
     """Arrays an engine makes once and shares between all its sessions."""
 
-    qkv: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)  # (layer, heads) -> int8 Q/K/V prefix
+    # (layer, first head, end head) -> int8 Q/K/V columns of those heads (a prefix, or the rest above a level)
+    qkv: dict[tuple[int, int, int], np.ndarray] = field(default_factory=dict)
     idle_heads: _Idle | None = None
     idle_neurons: _Idle | None = None
 
 
-def ffn_levels(cfg: ModelConfig, precision: Precision) -> tuple[int, ...]:
-    """The packed feed-forward widths of the all-budget graph (``PrecisionSpec.ffn_levels`` in whole groups of
-    neurons), ascending, each above 0 and below the layer's width; none for attention-scope checkpoints."""
-    total, group = cfg.intermediate_size, cfg.gate.ffn_group
-    if not cfg.ffn_groups:
-        return ()
-    return tuple(sorted({round(f * total / group) * group for f in PRECISIONS[precision].ffn_levels} - {0, total}))
+@dataclass(frozen=True)
+class Levels:
+    """The packed prefix widths of the all-budget graph (``PrecisionSpec.ffn_levels``, ``attention_levels``) in
+    units, ascending, each above 0 and below the block's full width."""
+
+    heads: tuple[int, ...] = ()
+    neurons: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, cfg: ModelConfig, precision: Precision) -> Levels:
+        spec = PRECISIONS[precision]
+
+        def units(fractions: tuple[float, ...], total: int, step: int) -> tuple[int, ...]:
+            return tuple(sorted({round(f * total / step) * step for f in fractions} - {0, total}))
+
+        neurons = units(spec.ffn_levels, cfg.intermediate_size, cfg.gate.ffn_group) if cfg.ffn_groups else ()
+        return cls(units(spec.attention_levels, cfg.n_heads, 1), neurons)
 
 
 def floor_level(width: int, levels: tuple[int, ...]) -> int:
@@ -114,18 +125,19 @@ def _full_ffn(store: WeightStore, layer: int) -> Arrays:
     return out
 
 
-def _sliced(store: WeightStore, layer: int, k: int, dh: int, cache: SliceCache) -> Arrays:
-    """The arrays of one attention block at k heads; fp32 ones are views, int8 Q/K/V column slices copies."""
-    lw, n, w = store.layers[layer], layer_names(layer, heads=k), k * dh
-    out: Arrays = {n.bqkv: lw.bqkv[: 3 * w], n.wo: lw.wo[:w]}
+def _sliced(store: WeightStore, layer: int, k: int, dh: int, cache: SliceCache, lo: int = 0) -> Arrays:
+    """The arrays of one attention block's heads ``lo`` to k (a prefix, or the rest above a packed level); fp32
+    ones are views, int8 Q/K/V column slices copies."""
+    lw, n, a, w = store.layers[layer], layer_names(layer, heads=k), lo * dh, k * dh
+    out: Arrays = {n.bqkv: lw.bqkv[3 * a : 3 * w], n.wo: lw.wo[a:w]}
     if PRECISIONS[store.precision].qkv_by_columns:
-        # A (D, 3*H*dh) column prefix is not contiguous: one copy per (layer, k), shared by every session.
-        if (layer, k) not in cache.qkv:
-            cache.qkv[layer, k] = np.ascontiguousarray(lw.wqkv[:, : 3 * w])
-        out[n.wqkv] = cache.qkv[layer, k]
+        # (D, 3*H*dh) columns are not contiguous: one copy per (layer, lo, k), shared by every session.
+        if (layer, lo, k) not in cache.qkv:
+            cache.qkv[layer, lo, k] = np.ascontiguousarray(lw.wqkv[:, 3 * a : 3 * w])
+        out[n.wqkv] = cache.qkv[layer, lo, k]
     else:
-        out[n.wqkv] = lw.wqkv[: 3 * w]  # (3*k*dh, D) row prefix: a view
-    _put(out, n.wqkv_s, None if lw.wqkv_s is None else lw.wqkv_s[: 3 * w])
+        out[n.wqkv] = lw.wqkv[3 * a : 3 * w]  # (3*(k-lo)*dh, D) rows: a view
+    _put(out, n.wqkv_s, None if lw.wqkv_s is None else lw.wqkv_s[3 * a : 3 * w])
     return out
 
 
@@ -158,15 +170,15 @@ def bind(store: WeightStore, cfg: ModelConfig, plan: ExecutionPlan, cache: Slice
     return out
 
 
-def dynamic_arrays(store: WeightStore, cfg: ModelConfig, cache: SliceCache, levels: tuple[int, ...],
+def dynamic_arrays(store: WeightStore, cfg: ModelConfig, cache: SliceCache, levels: Levels,
                    depth: int | None = None) -> Arrays:
     """The initializers of ``build_dynamic`` (``depth``: its graph for the plans that stop at that exit): all but
     the per-call slices.
 
     The full-width attention weights (``l{l}.wqkv.k{H}`` ...) are initializers of the If branch that runs a
-    layer at all its heads: views of the store, prepacked by that branch's kernels. The full feed-forward
-    matrices (``l{l}.w1`` ...) likewise, and each packed level's prefix (``.n{L}``) in the branch that runs
-    that level and the rest.
+    layer at all its heads: views of the store (int8 Q/K/V: a copy), prepacked by that branch's kernels. The
+    full feed-forward matrices (``l{l}.w1`` ...) likewise, and each packed level's prefix (``.k{L}``, ``.n{L}``)
+    in the branch that runs that level and the rest.
     """
     n_layers = cfg.n_layers if depth is None else depth
     out = _shared(store, CLASSIFIER if depth is None else exit_head(depth))
@@ -175,8 +187,9 @@ def dynamic_arrays(store: WeightStore, cfg: ModelConfig, cache: SliceCache, leve
         out.update(_full_ffn(store, layer))
         _put(out, layer_names(layer).wo_s, lw.wo_s)
         out.update(_norms(lw, layer, folded, last=layer == n_layers - 1))
-        out.update(_sliced(store, layer, cfg.n_heads, cfg.head_dim, cache))
-        for w in levels:
+        for k in (*levels.heads, cfg.n_heads):
+            out.update(_sliced(store, layer, k, cfg.head_dim, cache))
+        for w in levels.neurons:
             out.update(_ffn_sliced(store, layer, w))
     return out
 
@@ -197,12 +210,11 @@ def _idle(cfg: ModelConfig, store: WeightStore, cache: SliceCache) -> tuple[_Idl
 
 
 def dynamic_feeds(store: WeightStore, cfg: ModelConfig, plan: ExecutionPlan, cache: SliceCache,
-                  levels: tuple[int, ...]) -> Arrays:
+                  levels: Levels) -> Arrays:
     """The per-call inputs of ``build_dynamic`` for ``plan`` (views of ``store`` or ``cache``).
 
-    An attention block below all its heads runs the plan's heads from these inputs; a feed-forward block below
-    all its neurons runs the largest packed level within its width (``levels``, none: 0) from initializers and
-    the rest of its neurons from these inputs. A block with no such unit (no head, no neuron, or no neuron
+    A block below all its units runs the largest packed level within its width (``levels``, none: 0) from
+    initializers and the rest of its units from these inputs. A block with no such unit (none at all, or none
     above its level) gets one all-zero unit instead: a zero head (Q = K = V = 0 and zero W_O rows) or a zero
     neuron (GELU(0) = 0 times a zero W2 row) adds exactly nothing, which is what the reference computes (one
     unit's worth of wasted work). A block at all its units takes the full branch and ignores them.
@@ -215,9 +227,13 @@ def dynamic_feeds(store: WeightStore, cfg: ModelConfig, plan: ExecutionPlan, cac
     for layer, k in enumerate(plan.heads[: plan.layers_run]):
         n = input_names(layer)
         out[n.full] = np.array(k == n_heads)
-        if 0 < k < n_heads:
+        lo = floor_level(k, levels.heads) if k < n_heads else 0
+        if levels.heads:  # which branch runs (the flags of ``onnx_graph._Graph.choose``): one of these, or full
+            for lv in (0, *levels.heads):
+                out[level_input(layer, lv, heads=True)] = np.array(k < n_heads and lv == lo)
+        if lo < k < n_heads:
             own = layer_names(layer, heads=k)
-            sliced = _sliced(store, layer, k, dh, cache)
+            sliced = _sliced(store, layer, k, dh, cache, lo)
             out |= {n.wqkv: sliced[own.wqkv], n.bqkv: sliced[own.bqkv], n.wo: sliced[own.wo]}
             if quantized:
                 out[n.wqkv_s] = sliced[own.wqkv_s]
@@ -225,16 +241,16 @@ def dynamic_feeds(store: WeightStore, cfg: ModelConfig, plan: ExecutionPlan, cac
             out |= {n.wqkv: idle_heads.w_in, n.bqkv: idle_heads.bias, n.wo: idle_heads.w_out}
             if quantized:
                 out[n.wqkv_s] = idle_heads.scale
-        kk = k if 0 < k < n_heads else 1
+        kk = lo + (k - lo if lo < k < n_heads else 1)  # heads the attention core sees: the level's and the rest
         out[n.heads] = np.array([kk, 3, dh], np.int64)
         out[n.flat] = np.array([-1, kk * dh], np.int64)
         if not cfg.ffn_groups:
             continue
         w = widths[layer]
         out[n.ffn_full] = np.array(w == full_width)
-        lo = floor_level(w, levels) if w < full_width else 0
-        if levels:  # which branch runs (the flags of ``onnx_graph._Graph.choose``): one of these, or full
-            for lv in (0, *levels):
+        lo = floor_level(w, levels.neurons) if w < full_width else 0
+        if levels.neurons:
+            for lv in (0, *levels.neurons):
                 out[level_input(layer, lv)] = np.array(w < full_width and lv == lo)
         if lo < w < full_width:
             own = layer_names(layer, neurons=w)

@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from headbudget.engine.onnx_bind import run_layers
+from headbudget.engine.onnx_bind import Levels, run_layers
 from headbudget.engine.precision import PRECISIONS
 from headbudget.engine.store import (
     CLASSIFIER,
@@ -153,6 +153,20 @@ class _Graph:
         flat = n.flat if k is None else self.const(n.flat, np.array([-1, k * dh], np.int64))
         ctx = self.attend(qkv, bn, bias, heads, flat)  # (B*N, k*dh)
         o = self.residual_out(ctx, n.wo, own.bo, own.wo_s, x)  # x + W_O ctx + b_O: (B*N, D)
+        return self.norm(o, own.ln1_g, own.ln1_b)
+
+    def attention_level(self, x: str, bn: str, bias: str, layer: int, lo: int) -> str:
+        """The attention block at the packed prefix of ``lo`` heads (initializers) plus the rest of the plan's
+        heads (the per-call inputs): their Q/K/V side by side, one attention core, W_O split by rows.  (B*N, D)"""
+        own, dh, n, lv = layer_names(layer), self.cfg.head_dim, input_names(layer), layer_names(layer, heads=lo)
+        by_rows = not self.spec.qkv_by_columns
+        qkv = self.op("Concat", [self.linear(x, lv.wqkv, lv.bqkv, lv.wqkv_s, trans_b=by_rows),
+                                 self.linear(x, n.wqkv, n.bqkv, n.wqkv_s, trans_b=by_rows)], axis=1)
+        ctx = self.attend(qkv, bn, bias, n.heads, n.flat)  # (B*N, (lo + rest)*dh)
+        cut, axis = self.const(f"cut_k{lo}", np.array([lo * dh], np.int64)), self.const("axis_1", np.array([1], np.int64))
+        first = self.op("Slice", [ctx, self.const("start_0", np.array([0], np.int64)), cut, axis])
+        rest = self.op("Slice", [ctx, cut, self.const("end_max", np.array([2**62], np.int64)), axis])
+        o = self.residual_out(rest, n.wo, "", own.wo_s, self.residual_out(first, lv.wo, own.bo, own.wo_s, x))
         return self.norm(o, own.ln1_g, own.ln1_b)
 
     def attend(self, qkv: str, bn: str, bias: str, heads: str, flat: str) -> str:
@@ -305,17 +319,17 @@ def build_graph(cfg: ModelConfig, plan: ExecutionPlan, precision: Precision, arr
     return _model(g, [_IDS, _MASK], {"logits": logits}, arrays)
 
 
-def build_dynamic(cfg: ModelConfig, precision: Precision, arrays: Arrays, levels: tuple[int, ...],
+def build_dynamic(cfg: ModelConfig, precision: Precision, arrays: Arrays, levels: Levels,
                   depth: int | None = None) -> onnx.ModelProto:
     """The whole classifier for every budget in one graph (``depth``: the layers below that exit and its head,
     for every plan that stops there); per layer, If nodes pick each block's branch.
 
-    All heads: weights are initializers, prepacked once. Fewer heads: the head-prefix slices are graph inputs
+    All heads: weights are initializers, prepacked once. Fewer heads: the largest packed level within the plan's
+    heads (``levels``) from initializers, prepacked once, and the rest of its heads as graph inputs
     (``dynamic_feeds``), never prepacked, so no budget adds a packed copy. Norms, embeddings and classifier are
-    initializers used by every budget; so is the feed-forward block for attention-scope checkpoints. With
-    whole-model budgets the feed-forward block has a branch for all its neurons, one per packed level
-    (``levels``: that prefix from initializers, prepacked once, and the rest of the plan's neurons as inputs),
-    and one for the plan's neurons all fed per call.
+    initializers used by every budget; so is the feed-forward block for attention-scope checkpoints.
+    Whole-model budgets give the feed-forward block the same kinds of branch: all neurons, a packed level and
+    the rest, or the plan's neurons all fed per call.
     """
     g = _Graph(cfg, precision)
     bn = g.op("Shape", ["input_ids"])  # (2,) = [B, N]
@@ -334,7 +348,10 @@ def build_dynamic(cfg: ModelConfig, precision: Precision, arrays: Arrays, levels
         if spec.quantized:
             inputs.append(info(n.wqkv_s, TensorProto.FLOAT, [None]))
         att = partial(_Graph.attention, x=x, bn=bn, bias=bias, layer=layer)
-        x = g.switch(n.full, partial(att, k=cfg.n_heads), partial(att, k=None))
+        x = _block(g, inputs, n.full, partial(att, k=cfg.n_heads), partial(att, k=None),
+                   [(level_input(layer, lv, heads=True), partial(_Graph.attention_level, x=x, bn=bn, bias=bias,
+                                                                 layer=layer, lo=lv)) for lv in levels.heads],
+                   level_input(layer, 0, heads=True))
         if not cfg.ffn_groups:  # attention scope: every neuron, every budget
             x = g.ffn(x, layer, cfg.intermediate_size, last)
             continue
@@ -346,7 +363,7 @@ def build_dynamic(cfg: ModelConfig, precision: Precision, arrays: Arrays, levels
         ffn = partial(_Graph.ffn, x=x, layer=layer, last=last)
         x = _block(g, inputs, n.ffn_full, partial(ffn, w=cfg.intermediate_size), partial(ffn, w=None),
                    [(level_input(layer, lv), partial(_Graph.ffn_level, x=x, layer=layer, lo=lv, last=last))
-                    for lv in levels], level_input(layer, 0))
+                    for lv in levels.neurons], level_input(layer, 0))
     logits = g.classify(x, bn, "attention_mask", CLASSIFIER if depth is None else exit_head(depth))  # (B, C)
     return _model(g, inputs, {"logits": logits}, arrays)
 

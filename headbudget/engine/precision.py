@@ -31,19 +31,21 @@ class PrecisionSpec:
     qkv_by_columns: bool
     weight_dtype: type[np.generic]  # of the stored matrices (biases, norms and scales are float32)
     torch_engines: bool  # the PyTorch engines (the reference and the adaptive fast path) run it
-    # Feed-forward widths, as fractions of a layer's neurons, whose prefixes the all-budget graph also holds as
+    # Widths, as fractions of a layer's neurons (heads), whose prefixes the all-budget graph also holds as
     # initializers, so that ONNX Runtime packs them once: a block of any width runs the largest such prefix
-    # packed and only the rest, fed per call, unpacked (onnx_graph.build_dynamic). Why int8 needs them and fp32
-    # does not: an unpacked int8 product packs its weights on every call, which at AG News lengths costs about
-    # what the product does, so budgets between the packed widths cost more than the whole model; fp32's
-    # products dwarf their packing. Why not attention as well: its levels cost more in If nodes than they saved
-    # (docs/results.md, 'Every budget costs what it says').
+    # packed and only the rest, fed per call, unpacked (onnx_graph.build_dynamic). An unpacked product packs its
+    # weights on every call; at AG News lengths that made budgets between the prepacked ones cost more than the
+    # whole model (docs/results.md, 'Every budget costs what it says'). Each level is one more If node per
+    # block on every call: int8, whose packing is cheap, keeps one feed-forward level (a second and attention
+    # levels cost the small budgets more than they saved the large ones); fp32 keeps two and one.
     ffn_levels: tuple[float, ...] = ()
+    attention_levels: tuple[float, ...] = ()
 
 
 PRECISIONS: Mapping[Precision, PrecisionSpec] = MappingProxyType({
     "fp32": PrecisionSpec(quantized=False, folds_residual_biases=True, qkv_by_columns=False,
-                          weight_dtype=np.float32, torch_engines=True),
+                          weight_dtype=np.float32, torch_engines=True, ffn_levels=(1 / 3, 2 / 3),
+                          attention_levels=(1 / 2,)),
     "int8": PrecisionSpec(quantized=True, folds_residual_biases=False, qkv_by_columns=True,
-                          weight_dtype=np.int8, torch_engines=False, ffn_levels=(1 / 3, 2 / 3)),
+                          weight_dtype=np.int8, torch_engines=False, ffn_levels=(1 / 2,)),
 })

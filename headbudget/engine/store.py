@@ -235,7 +235,8 @@ def input_names(layer: int) -> InputNames:
                       w2=p + "ffn_w2", w1_s=p + "ffn_w1_s", w1_z=p + "ffn_w1_z")
 
 
-def level_input(layer: int, neurons: int) -> str:
-    """The all-budget graph's per-call flag that layer ``layer`` runs the packed prefix of ``neurons`` feed-forward
-    neurons plus the rest of the plan's (``PrecisionSpec.ffn_levels``); 0: the plan's neurons all fed per call."""
-    return f"l{layer}.ffn_level.n{neurons}"
+def level_input(layer: int, units: int, heads: bool = False) -> str:
+    """The all-budget graph's per-call flag that layer ``layer`` runs the packed prefix of ``units`` feed-forward
+    neurons (attention ``heads``) plus the rest of the plan's (``PrecisionSpec.ffn_levels``, ``attention_levels``);
+    0: the plan's units all fed per call."""
+    return f"l{layer}.{'att' if heads else 'ffn'}_level.{'k' if heads else 'n'}{units}"

@@ -9,7 +9,7 @@ def int8_layouts_atol(engine: Any, budget: float) -> float:
     """1e-5 where every feed-forward block the plan runs is one product in both layouts; where one runs a packed
     level and the rest (``PrecisionSpec.ffn_levels``), the two parts' activations are quantized apart, so the
     answers move within int8's noise of the one product."""
-    plan, width, levels = engine.plan(budget), engine.cfg.intermediate_size, engine.levels
+    plan, width, levels = engine.plan(budget), engine.cfg.intermediate_size, engine.levels.neurons
     widths = plan.ffn_widths(width)[: plan.layers_run]
     split = any(w not in (width, *levels) and w > min(levels, default=width) for w in widths)
     return 0.05 if split else 1e-5

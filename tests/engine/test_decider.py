@@ -243,13 +243,14 @@ def test_decider_json_round_trips_and_is_checked(tiny_checkpoint: Path, tmp_path
     assert model_info(folder, EngineOptions()).supports_auto is False  # a broken decider serves no auto
 
 
-def test_the_default_points_budgets_get_prepacked_sessions(tiny_model_scope_checkpoint: Path, tmp_path: Path) -> None:
+def test_the_default_points_budgets_get_prepacked_sessions(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    # An attention-scope int8 checkpoint: no packed levels, so the budgets auto runs most get sessions of their own.
     folder = tmp_path / "ckpt"
-    shutil.copytree(tiny_model_scope_checkpoint, folder, ignore=shutil.ignore_patterns("onnx"))
+    shutil.copytree(tiny_checkpoint, folder, ignore=shutil.ignore_patterns("onnx"))
     checksum = model_info(folder, EngineOptions()).checksum
     save_decider(cascade(checksum, (0.15, 0.75), (0.9,)), folder)
-    e = load_engine(folder, EngineOptions(prepacked_budgets=(0.5,)))
-    bare = load_engine(folder, EngineOptions(prepacked_budgets=()))
+    e = load_engine(folder, EngineOptions(precision="int8", prepacked_budgets=(0.5,)))
+    bare = load_engine(folder, EngineOptions(precision="int8", prepacked_budgets=()))
     keys = {e.plan(b).key for b in (0.15, 0.5, 0.75)}
     assert keys <= e._prepacked and not bare._prepacked  # type: ignore[attr-defined]
     assert e.run(TEXTS[:3], Auto()).predictions[0].passes[0] == 0.15

@@ -96,14 +96,15 @@ def test_fp32_matches_masked_reference_at_every_budget(tiny_model_scope_checkpoi
             assert p.cost == plan.cost(Shape.of(reference.cfg), p.n_tokens)
             assert p.cost.neurons_active == sum(plan.ffn or ())
     if options.backend == "onnxruntime" and options.prepack:
-        # One session served every budget, plus one prepacked session per prepacked budget that is not dense.
-        assert engine.n_sessions == 1 + len(options.prepacked_budgets)  # type: ignore[attr-defined]
+        # One session served every budget: with packed feed-forward levels no budget gets a session of its own.
+        assert engine.n_sessions == 1  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_prepacked_budgets_answer_exactly_as_the_all_budget_session(tiny_model_scope_checkpoint: Path,
                                                                     precision: str, tmp_path: Path) -> None:
-    # A prepacked budget runs its own session; it must answer what the one all-budget session answers.
+    # Asking for prepacked budgets changes nothing on a checkpoint with feed-forward budgets: its all-budget
+    # session has packed levels instead (docs/results.md, 'Every budget costs what it says').
     hot = load_engine(tiny_model_scope_checkpoint, EngineOptions(precision=precision, cache_dir=tmp_path,  # type: ignore[arg-type]
                                                                  prepacked_budgets=(0.25, 0.5, 0.75, 1.0)))
     cold = load_engine(tiny_model_scope_checkpoint, EngineOptions(precision=precision, cache_dir=tmp_path,  # type: ignore[arg-type]
@@ -113,9 +114,8 @@ def test_prepacked_budgets_answer_exactly_as_the_all_budget_session(tiny_model_s
         atol = 1e-5 if precision == "fp32" else int8_layouts_atol(cold, b)
         np.testing.assert_allclose(hot.predict_ids(ids, mask, b), cold.predict_ids(ids, mask, b), atol=atol, rtol=0)
     assert cold.n_sessions == 1  # type: ignore[attr-defined]
-    # b = 1 runs every layer whole, which the all-budget session already has prepacked: no session of its own;
-    # int8 packs feed-forward levels in the all-budget session instead of sessions per budget.
-    assert hot.n_sessions == (1 + 3 if precision == "fp32" else 1)  # type: ignore[attr-defined]
+    # The all-budget session packs feed-forward levels instead of sessions per budget.
+    assert hot.n_sessions == 1  # type: ignore[attr-defined]
 
 
 def test_int8_runs_and_mostly_agrees(tiny_model_scope_checkpoint: Path, reference: BudgetedClassifier,
@@ -210,12 +210,12 @@ def test_neuron_prefixes_are_views_of_the_one_store(tiny_model_scope_checkpoint:
     policy = BudgetPolicy(cfg, head_order(gate_params(state)))
     store = pack(state, cfg, policy, precision)  # type: ignore[arg-type]
     cache = B.SliceCache()
-    levels = B.ffn_levels(cfg, precision)  # type: ignore[arg-type]
-    packed = B.dynamic_arrays(store, cfg, cache, levels)
+    all_levels = B.Levels.of(cfg, precision)  # type: ignore[arg-type]
+    levels, packed = all_levels.neurons, B.dynamic_arrays(store, cfg, cache, all_levels)
     partial = 0
     for b in BUDGET_GRID:
         plan = policy.plan(b)
-        feeds, bound = B.dynamic_feeds(store, cfg, plan, cache, levels), B.bind(store, cfg, plan, cache)
+        feeds, bound = B.dynamic_feeds(store, cfg, plan, cache, all_levels), B.bind(store, cfg, plan, cache)
         for layer, w in enumerate(plan.ffn_widths(cfg.intermediate_size)):
             if not 0 < w < cfg.intermediate_size:
                 continue
@@ -266,10 +266,11 @@ def test_fp32_graphs_carry_the_residual_in_the_gemm(tiny_model_scope_checkpoint:
         blocks_with_mask = sum(1 for k in plan.heads if k)
         residual = 0 if precision == "fp32" else 2 * cfg.n_layers
         assert adds(G.build_graph(cfg, plan, precision, arrays)) == 1 + blocks_with_mask + residual, b  # type: ignore[arg-type]
-    levels = B.ffn_levels(cfg, precision)  # type: ignore[arg-type]
+    levels = B.Levels.of(cfg, precision)  # type: ignore[arg-type]
     dynamic = G.build_dynamic(cfg, precision, B.dynamic_arrays(store, cfg, B.SliceCache(), levels), levels)  # type: ignore[arg-type]
-    # Every branch of each attention and feed-forward block is counted; a packed level's branch adds its two
-    # parts (the level, the rest) into the residual.
-    residual = 0 if precision == "fp32" else 4 * cfg.n_layers + 2 * len(levels) * cfg.n_layers
-    assert adds(dynamic) == 1 + 2 * cfg.n_layers + residual
+    # Every branch of each attention and feed-forward block is counted (one padding mask per attention branch);
+    # a packed level's branch adds its two parts (the level, the rest) into the residual.
+    h, f = len(levels.heads), len(levels.neurons)
+    residual = 0 if precision == "fp32" else (2 + 2 * h + 2 + 2 * f) * cfg.n_layers
+    assert adds(dynamic) == 1 + (2 + h) * cfg.n_layers + residual
     assert (store.layers[0].ln2_bf is not None) == (precision == "fp32") and store.layers[-1].ln2_bf is None
