@@ -164,3 +164,19 @@ def test_exits_survive_the_config_round_trip_and_old_configs_load() -> None:
         replace(cfg, gate=replace(cfg.gate, exits=(TINY["n_layers"],)))
     with pytest.raises(ValueError, match="increasing"):
         GateConfig(scope="model", exits=(2, 1))
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_off_grid_budgets_keep_plans_nested_and_costs_in_order(seed: int) -> None:
+    """Any budget a request can name, not only the grid's: a larger budget's plan holds every unit of a smaller
+    one's, so its multiply-adds at any length are at least as many, and none spends more than it was given."""
+    policy, shape = random_policy(CFG, seed), Shape.of(CFG)
+    budgets = sorted({*np.random.default_rng(seed).uniform(0.05, 1.0, 60).round(4).tolist(), 0.37, 0.62, 0.88, 1.0})
+    plans = [policy.plan(b) for b in budgets]
+    for b, small, large in zip(budgets[1:], plans[:-1], plans[1:], strict=True):
+        assert small.ffn is not None and large.ffn is not None
+        assert all(x <= y for x, y in zip(small.heads, large.heads, strict=True)), b
+        assert all(x <= y for x, y in zip(small.ffn, large.ffn, strict=True)), b
+        for n in (8, 41, 128):
+            assert small.cost(shape, n).total_macs <= large.cost(shape, n).total_macs
+        assert policy.hard_cost(b) <= b + 1e-12
