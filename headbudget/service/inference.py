@@ -13,7 +13,7 @@ from starlette.requests import Request
 
 from headbudget.engine.types import Auto, BudgetRequest, Fixed, LatencyTarget
 from headbudget.service.auth import Caller, admit, check_budget
-from headbudget.service.batching import JobResult
+from headbudget.service.batching import Job, JobResult
 from headbudget.service.compute import Bill, Quote, bill, check_cap, priced_budget, quote, units
 from headbudget.service.errors import BadRequest, ClientGone, InvalidRequest, Unavailable
 from headbudget.service.runtime import Runtime
@@ -90,8 +90,13 @@ def choose_budget(body: ClassifyRequest, params: BudgetParams, caller: Caller, s
     return BudgetChoice(Fixed(budget), source)
 
 
-async def _wait(request: Request, future: asyncio.Future[JobResult]) -> JobResult:
-    """The job's result; ClientGone as soon as the client disconnects."""
+async def _wait(request: Request, job: Job) -> JobResult:
+    """The job's result; ClientGone as soon as the client disconnects while it waits."""
+    future = job.future
+    if job.alone:
+        # It found the model idle and runs at once: nothing to drop if its client leaves, so no watcher (a task,
+        # its first step and its cancellation: the most of this function's cost for a batch-1 request).
+        return await future
 
     async def disconnected() -> None:
         while True:
@@ -174,7 +179,7 @@ async def run(runtime: Runtime, caller: Caller, texts: list[str], choice: Budget
     try:
         job = runtime.batcher.submit(texts, tier, choice.request, caller.owner, priced)
         try:
-            result = await _wait(request, job.future)
+            result = await _wait(request, job)
         except (ClientGone, asyncio.CancelledError):
             runtime.batcher.cancel(job)
             reserved = False  # its batch may have run: the reservation stands, and nothing is billed
