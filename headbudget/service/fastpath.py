@@ -29,6 +29,7 @@ from headbudget.service.schemas import BudgetParam, BudgetValue, ClassifyRequest
 _QUERY: dict[str, TypeAdapter[Any]] = {"budget": TypeAdapter(BudgetParam), "max_latency_ms": TypeAdapter(LatencyLimit),
                                        "max_budget": TypeAdapter(BudgetValue)}
 _JSON = b"application/json"
+_NO_PARAMS = BudgetParams()
 
 
 class ClassifyFastPath:
@@ -84,11 +85,12 @@ def _is_json(scope: Scope) -> bool:
 
 def _parse(scope: Scope, body: bytes) -> tuple[ClassifyRequest, BudgetParams] | None:
     """The validated body and query parameters, or None for anything FastAPI should answer (errors)."""
-    pairs = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+    raw = scope.get("query_string", b"")
+    pairs = parse_qsl(raw.decode("latin-1"), keep_blank_values=True) if raw else []
     if len({k for k, _ in pairs}) != len(pairs) or any(k not in _QUERY for k, _ in pairs):
         return None
     try:
-        query = BudgetParams(**{k: _QUERY[k].validate_python(v) for k, v in pairs})
+        query = BudgetParams(**{k: _QUERY[k].validate_python(v) for k, v in pairs}) if pairs else _NO_PARAMS
         # pydantic-core parses and validates the bytes in one pass (no intermediate dicts; its parser caps
         # nesting, so a 50,000-deep body is a plain failure here, not a RecursionError). Whatever it refuses
         # goes to FastAPI, whose json.loads + validation then decide the exact error, as with the path off.

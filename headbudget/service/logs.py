@@ -44,6 +44,11 @@ def configure_logging(level: str = "INFO") -> None:
     logging.getLogger("uvicorn.access").disabled = True
 
 
+def access_logged(quiet: bool = False) -> bool:
+    """Whether an access record would be written at the configured level (debug for probes and scrapes)."""
+    return ACCESS.isEnabledFor(logging.DEBUG if quiet else logging.INFO)
+
+
 def log_access(fields: dict[str, Any], quiet: bool = False) -> None:
     """One access record (debug level for probes and scrapes)."""
     ACCESS.log(logging.DEBUG if quiet else logging.INFO, "request", extra=fields)

@@ -2,23 +2,33 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import re
 import time
-import uuid
 from typing import Any
 
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from headbudget.service.errors import error_body
-from headbudget.service.logs import log_access
+from headbudget.service.logs import access_logged, log_access
 from headbudget.service.metrics import Metrics
 
 _QUIET = frozenset({"/healthz", "/readyz", "/health", "/metrics"})  # probes and scrapes (/health: TEI's)
 _UNCOUNTED = _QUIET | {"/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect", "/playground"}
 _UNCOUNTED_PREFIXES = ("/docs/static/", "/playground/assets/")  # the pages' scripts and styles
 _ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+# Request ids are 32 hex digits, as a UUID's: 64 random bits drawn once per process (each worker imports this
+# module anew), then a counter. uuid4() read the system's random source and built a UUID on every request.
+_ID_PREFIX = os.urandom(8).hex()
+_ID_COUNTER = itertools.count()
+
+
+def new_request_id() -> str:
+    """A request id unique across processes and replicas (their random halves differ)."""
+    return f"{_ID_PREFIX}{next(_ID_COUNTER) & 0xFFFF_FFFF_FFFF_FFFF:016x}"
 
 
 class _TooLarge(StarletteHTTPException):
@@ -42,9 +52,14 @@ class RequestContextMiddleware:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        given = headers.get("x-request-id", "")
-        request_id = given if _ID_RE.match(given) else uuid.uuid4().hex
+        given, length = "", b""
+        for name, value in scope.get("headers", []):  # the last of a repeated header counts
+            name = name.lower()
+            if name == b"x-request-id":
+                given = value.decode("latin-1")
+            elif name == b"content-length":
+                length = value
+        request_id = given if _ID_RE.match(given) else new_request_id()
         state: dict[str, Any] = scope.setdefault("state", {})
         state["request_id"] = request_id
         status = [500]
@@ -69,7 +84,7 @@ class RequestContextMiddleware:
             return message
 
         try:
-            declared = int(headers.get("content-length", "0") or 0)
+            declared = int(length or 0)
         except ValueError:
             declared = 0
         try:
@@ -96,6 +111,9 @@ class RequestContextMiddleware:
         tier = str(state.get("tier", "none"))
         if path not in _UNCOUNTED and not path.startswith(_UNCOUNTED_PREFIXES):
             self.metrics.observe_request(tier, status, seconds)
+        quiet = path in _QUIET
+        if not access_logged(quiet):  # the fields would be built for nothing
+            return
         client = scope.get("client")
         fields: dict[str, Any] = {
             "request_id": state.get("request_id"), "method": scope.get("method"), "path": path,
@@ -106,4 +124,4 @@ class RequestContextMiddleware:
                       "charge", "error_code"):
             if extra in state:
                 fields[extra] = state[extra]
-        log_access(fields, quiet=path in _QUIET)
+        log_access(fields, quiet=quiet)
