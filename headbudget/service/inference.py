@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any
 
 from starlette.requests import Request
 
@@ -17,7 +17,7 @@ from headbudget.service.batching import Job, JobResult
 from headbudget.service.compute import Bill, Quote, bill, check_cap, priced_budget, quote, units
 from headbudget.service.errors import BadRequest, ClientGone, InvalidRequest, Unavailable
 from headbudget.service.runtime import Runtime
-from headbudget.service.schemas import BudgetSource, ClassifyRequest, ClassifyResponse, ModelRef, TextResult
+from headbudget.service.schemas import BudgetSource, ClassifyRequest
 from headbudget.service.settings import AUTO, TierConfig
 from headbudget.service.state import AnswerRecord, ComputeLimit, StateUnavailable, Usage, UsageRow, utc_day
 
@@ -120,8 +120,9 @@ async def _wait(request: Request, job: Job) -> JobResult:
 
 
 async def answer(runtime: Runtime, caller: Caller, body: ClassifyRequest, params: BudgetParams,
-                 request: Request) -> ClassifyResponse:
-    """A validated, authenticated /classify request, start to finish (the route and the fast path)."""
+                 request: Request) -> dict[str, Any]:
+    """A validated, authenticated /classify request, start to finish (the route and the fast path): the answer's
+    body, as ``classify`` builds it."""
     supports_auto = runtime.info.supports_auto if runtime.info else False
     choice = choose_budget(body, params, caller, supports_auto)
     return await classify(runtime, caller, body, choice, request)
@@ -156,10 +157,11 @@ async def price(runtime: Runtime, tier: TierConfig, texts: list[str], choice: Bu
 
 @dataclass(frozen=True)
 class Answered:
-    """A request the model answered, and what it is charged."""
+    """A request the model answered, what it is charged, and the budget each text ran at (``text_budgets``)."""
 
     result: JobResult
     bill: Bill
+    applied: list[float]
 
 
 async def run(runtime: Runtime, caller: Caller, texts: list[str], choice: BudgetChoice, request: Request,
@@ -197,7 +199,7 @@ async def run(runtime: Runtime, caller: Caller, texts: list[str], choice: Budget
     await _record_usage(runtime, caller, len(texts), charged)
     await _remember(runtime, request.state.request_id, caller, result, applied)
     _annotate(request, choice, result, len(texts), charged)
-    return Answered(result, charged)
+    return Answered(result, charged, applied)
 
 
 async def _record_usage(runtime: Runtime, caller: Caller, n_texts: int, charged: Bill) -> None:
@@ -224,29 +226,32 @@ async def _settle(runtime: Runtime, caller: Caller, delta: int) -> None:
 
 
 async def classify(runtime: Runtime, caller: Caller, body: ClassifyRequest, choice: BudgetChoice,
-                   request: Request) -> ClassifyResponse:
-    """Run one /classify request through the queue and build its answer."""
+                   request: Request) -> dict[str, Any]:
+    """Run one /classify request through the queue and build its answer: ClassifyResponse's fields in its order,
+    as plain data. The fast path writes it as it is (pydantic-core's JSON, as model_dump_json writes the model);
+    the route validates it into the model. Building the models validated every field of the server's own
+    numbers: 9 us against 3 for one text's answer."""
     started = time.perf_counter()
     answered = await run(runtime, caller, body.all_texts(), choice, request)
     info, result = runtime.info, answered.result
     assert info is not None
-    request_id: str = request.state.request_id
-    requested: float | Literal["auto"] = "auto" if choice.auto else result.budget_requested
-    applied = text_budgets(result)
-    results = [TextResult(
-        label=p.label, scores=p.scores, budget_requested=requested, budget_applied=b, budget_chosen=p.budget_chosen,
-        passes=list(p.passes) if p.passes else None,
-        heads_active=p.cost.heads_active, heads_total=p.cost.heads_total, neurons_active=p.cost.neurons_active,
-        neurons_total=p.cost.neurons_total, cost=round(p.cost.ratio, 6),
-        attention_cost=round(p.cost.attention_ratio, 6),
-        truncated=p.truncated, n_tokens=p.n_tokens, latency_ms=round(result.latency_s * 1000, 3),
-        degraded=result.degraded, charge=units(c))
-        for p, b, c in zip(result.predictions, applied, answered.bill.texts, strict=True)]
-    return ClassifyResponse(
-        model=ModelRef(name=info.name, checksum=info.checksum), request_id=request_id, tier=caller.tier.name,
-        budget_source=choice.source, max_latency_ms=choice.max_latency_ms, degraded=result.degraded,
-        queue_ms=round(result.queue_s * 1000, 3), latency_ms=round((time.perf_counter() - started) * 1000, 3),
-        charge=units(answered.bill.total), results=results)
+    requested: float | str = "auto" if choice.auto else float(result.budget_requested)
+    latency_ms, degraded = round(result.latency_s * 1000, 3), result.degraded
+    results = [{
+        "label": p.label, "scores": p.scores, "budget_requested": requested, "budget_applied": float(b),
+        "budget_chosen": p.budget_chosen, "passes": list(p.passes) if p.passes else None,
+        "heads_active": p.cost.heads_active, "heads_total": p.cost.heads_total,
+        "neurons_active": p.cost.neurons_active, "neurons_total": p.cost.neurons_total,
+        "cost": round(p.cost.ratio, 6), "attention_cost": round(p.cost.attention_ratio, 6),
+        "truncated": p.truncated, "n_tokens": p.n_tokens, "latency_ms": latency_ms, "degraded": degraded,
+        "charge": units(c)}
+        for p, b, c in zip(result.predictions, answered.applied, answered.bill.texts, strict=True)]
+    return {
+        "model": {"name": info.name, "checksum": info.checksum}, "request_id": request.state.request_id,
+        "tier": caller.tier.name, "budget_source": choice.source, "max_latency_ms": choice.max_latency_ms,
+        "degraded": degraded, "queue_ms": round(result.queue_s * 1000, 3),
+        "latency_ms": round((time.perf_counter() - started) * 1000, 3), "charge": units(answered.bill.total),
+        "results": results}
 
 
 def text_budgets(result: JobResult) -> list[float]:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from headbudget.service.routes import classify as classify_route
+from headbudget.service.schemas import ClassifyResponse
 from tests.service.conftest import KEYS, headers, make_config, running_app
 
 pytestmark = pytest.mark.anyio
@@ -70,6 +71,17 @@ async def test_fast_path_answers_as_the_route_does() -> None:
     statuses = [s for s, _, _ in fast]
     assert statuses[:6] == [200] * 6  # the valid ones were valid
     assert {400, 401, 403, 415, 422} <= set(statuses[6:])
+
+
+async def test_fast_path_writes_the_answer_model_byte_for_byte() -> None:
+    """The fast path writes the answer as plain data; its bytes are those of the ClassifyResponse they validate
+    into (every field, in order, numbers as the model writes them), also with passes, a latency limit and texts
+    at several budgets."""
+    async with running_app(make_config()) as (client, _, _):
+        for query, body, extra in [c for c in CASES[:6]] + [("?budget=0.3", b'{"texts": ["a", "b c"]}', headers())]:
+            r = await client.post(f"/classify{query}", content=body, headers={**JSON, **extra})
+            assert r.status_code == 200
+            assert ClassifyResponse.model_validate_json(r.content).model_dump_json().encode() == r.content, query
 
 
 async def test_fast_path_takes_well_formed_requests_and_hands_on_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:

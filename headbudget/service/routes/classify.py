@@ -32,4 +32,5 @@ async def classify_texts(
 ) -> ClassifyResponse:
     """Classify one text or up to 64, running only the attention heads the budget buys."""
     # Served by service/fastpath.py unless the request is one it hands on (an error case) or it is off.
-    return await answer(runtime, caller, body, BudgetParams(budget, max_latency_ms, max_budget), request)
+    return ClassifyResponse.model_validate(
+        await answer(runtime, caller, body, BudgetParams(budget, max_latency_ms, max_budget), request))
