@@ -269,11 +269,13 @@ class Batcher:
 
     def _expire_locked(self) -> None:
         now = time.monotonic()
-        for job in [j for j in self._pending if now - j.enqueued > self.server.request_timeout_s]:
+        expired = [j for j in self._pending if now - j.enqueued > self.server.request_timeout_s]
+        for job in expired:
             self._pending.remove(job)
             self._fair.withdraw(job)
             _deliver(job, Overloaded("timed out waiting for the model", retry_after_s=1))
-        self._metrics.queue_depth.set(len(self._pending))
+        if expired:  # a gauge write is a lock and, with several workers, a shared file's: only on a change
+            self._metrics.queue_depth.set(len(self._pending))
 
     def _count_tokens(self, jobs: list[Job]) -> None:
         """Exact token counts for the requests whose budget depends on their length."""

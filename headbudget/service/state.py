@@ -9,6 +9,7 @@ only if both pass, in one atomic step. Feedback matches a request id to the answ
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections import OrderedDict, deque
@@ -132,9 +133,18 @@ class UsageRow:
     usage: Usage
 
 
+_DAY_S = 86_400
+
+
 def utc_day(now: float | None = None) -> str:
-    """The UTC date usage is recorded under."""
-    return time.strftime("%Y-%m-%d", time.gmtime(time.time() if now is None else now))
+    """The UTC date usage is recorded under (every answered request asks: the day's text is kept)."""
+    day = int((time.time() if now is None else now) // _DAY_S)
+    return _day_text(day)
+
+
+@functools.lru_cache(maxsize=4)
+def _day_text(day: int) -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime(day * _DAY_S))
 
 
 @dataclass(frozen=True)
