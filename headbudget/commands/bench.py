@@ -87,6 +87,9 @@ def _table(r: dict[str, Any]) -> str:
                      f"{row['speedup_vs_b1']:>7.2f} {f'{lo:.2f}-{hi:.2f}':>13} {row['speedup_vs_ort_dense']:>7.2f} "
                      f"{row['flop_bound_speedup']:>10.2f}")
     lines.append("peers: " + "  ".join(f"{k} {v:.2f}" for k, v in r["peers"].items()))
+    fl = r["floor"]
+    lines.append(f"floor (one head, one neuron group a layer): {fl['latency_ms']:.2f} ms, {fl['share_of_b1']:.3f} of b=1 "
+                 f"at {fl['mac_fraction']:.3f} of its MACs")
     lines.append(f"max |engine - reference| logit: {r['max_abs_logit_diff']:.2e}   rss: {r['rss_mb']} MB")
     lines.append(f"fixed per-call overhead vs ORT dense (2 tokens, paired): {r['overhead_ms']:.3f} ms;  "
                  + json.dumps(r["overhead"]))
@@ -109,6 +112,9 @@ def _budgets_table(r: dict[str, Any]) -> str:
                      f"{f'{lo:.3f}-{hi:.3f}':>13} {row['share_of_ort_dense']:>7.3f} {row['mac_fraction']:>6.3f} "
                      f"{'ok' if c['within_rule'] else 'FAIL':>5} {'ok' if c['monotone'] else 'FAIL':>5}")
     lines.append("peers: " + "  ".join(f"{k} {v:.2f}" for k, v in r["peers"].items()))
+    fl = r["floor"]
+    lines.append(f"floor (one head, one neuron group a layer): {fl['latency_ms']:.2f} ms, {fl['share_of_b1']:.3f} of b=1 "
+                 f"at {fl['mac_fraction']:.3f} of its MACs")
     checks = r["checks"]
     failing = ", ".join(f"{b:g}" for b in checks["failing_budgets"]) or "none"
     lines.append(f"checks: {checks['rule']}: {'all' if checks['all_within_rule'] else 'not all'};  "

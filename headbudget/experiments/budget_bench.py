@@ -87,6 +87,15 @@ def budget_checks(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def floor_plan(engine: Any) -> ExecutionPlan:
+    """One head and one feed-forward group in every layer: the least a pass through all the layers runs, timed
+    beside the budgets to show the per-pass work (norms, softmax, activation quantization, dispatch) that no
+    budget can save."""
+    cfg = engine.cfg
+    ffn = (cfg.gate.ffn_group,) * cfg.n_layers if cfg.ffn_groups else None
+    return ExecutionPlan(heads=(1,) * cfg.n_layers, n_heads=cfg.n_heads, ffn=ffn)
+
+
 def run_budget_bench(cfg: BudgetBenchConfig) -> dict[str, Any]:
     """Time every budget and the dense ORT peer of the same precision; the document the CLI writes, less
     ``command`` (the CLI knows it)."""
@@ -108,6 +117,8 @@ def run_budget_bench(cfg: BudgetBenchConfig) -> dict[str, Any]:
     methods: dict[str, Callable[[np.ndarray, np.ndarray], object]] = {
         f"engine@{b}": partial(_at_budget, engine, b) for b in budgets
     }
+    floor = floor_plan(engine)
+    methods["floor"] = partial(engine.forward_ids, plan=floor)
     with tempfile.TemporaryDirectory(prefix="headbudget-bench-") as work:
         dense_fp32, dense_int8 = peers.export_dense(model, Path(work))
         dense = dense_fp32 if bench.precision == "fp32" else dense_int8
@@ -132,4 +143,8 @@ def run_budget_bench(cfg: BudgetBenchConfig) -> dict[str, Any]:
         "cpu": cpu_name(), "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "commit": code_commit(), "off_grid_budgets": sorted(set(budgets) - set(BUDGET_GRID)),
         "rows": rows, "peers": {f"{peer}_ms": _ms(times[peer], 0.5)}, "checks": budget_checks(rows),
+        "floor": {"heads_per_layer": list(floor.heads), "neurons_per_layer": None if floor.ffn is None else list(floor.ffn),
+                  "latency_ms": _ms(times["floor"], 0.5),
+                  "share_of_b1": round(float(np.median(times["floor"]) / b1), 4),
+                  "mac_fraction": mac_fraction(floor, engine.shape, lengths)},
     }

@@ -14,7 +14,7 @@ from headbudget.experiments.budget_bench import OFF_GRID_BUDGETS, budget_checks
 from headbudget.models.budget import BUDGET_GRID
 
 FIELDS = ("precision", "seq_len", "median_tokens", "repeats", "threads", "cache", "cpu", "date", "commit", "command",
-          "model", "rows", "peers", "checks")
+          "model", "rows", "peers", "checks", "floor")
 ROW_FIELDS = {"budget", "latency_ms", "p90_ms", "share_of_b1", "share_of_b1_ci95", "mac_fraction", "heads_active",
               "layers_run", "share_of_ort_dense"}
 
@@ -50,8 +50,11 @@ def test_all_budgets_writes_every_budget_with_its_fields(budgets_file: Path) -> 
     assert top["share_of_b1_ci95"] == [1.0, 1.0] and top["heads_active"] == 8 and top["layers_run"] == 2
     assert [c["budget"] for c in r["checks"]["rows"]] == budgets
     assert r["checks"] == budget_checks(r["rows"])  # the block is what the rows say
+    floor = r["floor"]  # one head a layer (attention scope: every neuron)
+    assert floor["heads_per_layer"] == [1, 1] and floor["neurons_per_layer"] is None
+    assert 0 < floor["mac_fraction"] < 1 and floor["latency_ms"] > 0 and floor["share_of_b1"] > 0
     table = _budgets_table(r).splitlines()
-    assert len(table) == 2 + len(budgets) + 2 and table[-1].startswith("checks: ")
+    assert len(table) == 2 + len(budgets) + 3 and table[-1].startswith("checks: ") and table[-3].startswith("peers: ")
 
 
 def test_the_checks_flag_a_budget_over_the_rule_and_one_slower_than_a_larger_budget() -> None:
