@@ -37,7 +37,7 @@ class PrecisionSpec:
     # weights on every call; at AG News lengths that made budgets between the prepacked ones cost more than the
     # whole model (docs/results.md, 'Every budget costs what it says'). Each level is one more If node per
     # block on every call: int8, whose packing is cheap, keeps one feed-forward level (a second and attention
-    # levels cost the small budgets more than they saved the large ones); fp32 keeps two and one.
+    # levels cost the small budgets more than they saved the large ones); fp32 keeps two of each.
     ffn_levels: tuple[float, ...] = ()
     attention_levels: tuple[float, ...] = ()
 
@@ -45,7 +45,7 @@ class PrecisionSpec:
 PRECISIONS: Mapping[Precision, PrecisionSpec] = MappingProxyType({
     "fp32": PrecisionSpec(quantized=False, folds_residual_biases=True, qkv_by_columns=False,
                           weight_dtype=np.float32, torch_engines=True, ffn_levels=(1 / 3, 2 / 3),
-                          attention_levels=(1 / 2,)),
+                          attention_levels=(1 / 3, 2 / 3)),
     "int8": PrecisionSpec(quantized=True, folds_residual_biases=False, qkv_by_columns=True,
                           weight_dtype=np.int8, torch_engines=False, ffn_levels=(1 / 2,)),
 })
