@@ -146,12 +146,15 @@ def _run_all_budgets(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="headbudget-base-") as tmp:
         model_dir = args.model or _minilm_checkpoint(Path(tmp) / "minilm")
         bench = BenchConfig(model_dir=model_dir, seq_len=args.seq_len, batch_size=args.batch_size, data=args.data,
-                            precision=args.precision, repeats=args.repeats, memory=False, cache=args.cache)
+                            precision=args.precision, repeats=args.repeats, memory=not args.no_memory,
+                            cache=args.cache)
         result = run_budget_bench(BudgetBenchConfig(bench=bench, off_grid=off_grid))
     result["command"] = _command_line(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(_budgets_table(result))
+    if "memory" in result:
+        print("memory (MB over imports): " + json.dumps(result["memory"]))
     return 0
 
 

@@ -26,6 +26,7 @@ from headbudget.experiments.bench import (
     code_commit,
     cpu_name,
     make_batches,
+    memory_figure,
     ratio_ci95,
     time_round_robin,
 )
@@ -124,6 +125,8 @@ def run_budget_bench(cfg: BudgetBenchConfig) -> dict[str, Any]:
         dense = dense_fp32 if bench.precision == "fp32" else dense_int8
         methods[peer] = peers.ort_runner(peers.ort_session(dense, bench.threads))
         times = time_round_robin(methods, batches, bench.warmup, bench.cache, shuffle=True)
+        # Every budget as served against one dense session of this precision, each in a fresh process.
+        memory = memory_figure(bench.model_dir, dense_fp32, bench.precision) if bench.memory else None
     lengths = [int(n) for _, mask in batches[bench.warmup:] for n in mask.sum(1)]
     b1, ort = np.median(times["engine@1.0"]), np.median(times[peer])
     rows = []
@@ -147,4 +150,5 @@ def run_budget_bench(cfg: BudgetBenchConfig) -> dict[str, Any]:
                   "latency_ms": _ms(times["floor"], 0.5),
                   "share_of_b1": round(float(np.median(times["floor"]) / b1), 4),
                   "mac_fraction": mac_fraction(floor, engine.shape, lengths)},
+        **({"memory": memory} if memory is not None else {}),
     }

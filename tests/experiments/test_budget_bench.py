@@ -50,6 +50,8 @@ def test_all_budgets_writes_every_budget_with_its_fields(budgets_file: Path) -> 
     assert top["share_of_b1_ci95"] == [1.0, 1.0] and top["heads_active"] == 8 and top["layers_run"] == 2
     assert [c["budget"] for c in r["checks"]["rows"]] == budgets
     assert r["checks"] == budget_checks(r["rows"])  # the block is what the rows say
+    mem = r["memory"]  # every budget as served against one dense session, each measured in a process of its own
+    assert mem["engine_mb"] > 0 and mem["dense_mb"] > 0 and mem["engine_over_dense"] == round(mem["engine_mb"] / mem["dense_mb"], 3)
     floor = r["floor"]  # one head a layer (attention scope: every neuron)
     assert floor["heads_per_layer"] == [1, 1] and floor["neurons_per_layer"] is None
     assert 0 < floor["mac_fraction"] < 1 and floor["latency_ms"] > 0 and floor["share_of_b1"] > 0
@@ -81,9 +83,10 @@ def test_all_budgets_at_real_text_lengths(tiny_checkpoint: Path, tmp_path: Path)
     (data / "test.csv").write_text("text,label\n" + "".join(f"{t},0\n" for t in texts))
     out = tmp_path / "data-budgets.json"
     assert main(["bench", "--all-budgets", "--model", str(tiny_checkpoint), "--data", str(data), "--repeats", "2",
-                 "--precision", "int8", "--off-grid-budgets", "0.33", "--out", str(out)]) == 0
+                 "--precision", "int8", "--off-grid-budgets", "0.33", "--no-memory", "--out", str(out)]) == 0
     r = json.loads(out.read_text())
     assert r["seq_len"] == "data" and isinstance(r["median_tokens"], int) and set(r["peers"]) == {"ort_int8_ms"}
+    assert "memory" not in r
     assert [row["budget"] for row in r["rows"]] == sorted({*BUDGET_GRID, 0.33})
     assert r["rows"][-1]["mac_fraction"] == 1.0 and r["rows"][-1]["share_of_b1"] == 1.0
 
