@@ -29,10 +29,10 @@ from torch import nn
 
 from headbudget.engine.adaptive_cost import Usage, plan_macs, span_block, span_blocked, span_pairs, usage_cost
 from headbudget.engine.adaptive_types import Group, Layout, Plan, Weights, segment_mean, type_path
-from headbudget.engine.base import EngineBase, check_budget, encoded, softmax
+from headbudget.engine.base import EngineBase, check_budget, softmax, tokenized
 from headbudget.engine.errors import ModelLoadError
 from headbudget.engine.precision import PRECISIONS
-from headbudget.engine.types import BatchResult, Encoded, EngineOptions, ExecutionPlan, ModelInfo, Prediction
+from headbudget.engine.types import BatchResult, EngineOptions, ExecutionPlan, ModelInfo, Prediction, Tokens
 from headbudget.models.adaptive import AdaptiveAttention, AdaptiveClassifier
 from headbudget.models.checkpoint import load_checkpoint
 from headbudget.models.checkpoint_meta import CheckpointError
@@ -147,11 +147,11 @@ class AdaptiveEngine(EngineBase):
         out: np.ndarray = logits.numpy()  # (B, C)
         return out
 
-    def predict(self, texts: Sequence[str], budget: float, tokens: Encoded | None = None) -> BatchResult:
+    def predict(self, texts: Sequence[str], budget: float, tokens: Tokens | None = None) -> BatchResult:
         """Classify under ``budget`` (the cap); each Prediction's cost is what that input really ran, and its
         budget_chosen what a type that chooses its own budget chose (within the cap)."""
         b = check_budget(budget)
-        enc = encoded(self.encoder, texts, tokens)
+        enc = tokenized(self.encoder, texts, tokens)
         t0 = time.perf_counter()
         logits_t, usages = self.run_rows([np.asarray(r, dtype=np.int64) for r in enc.ids], self.cap(b))
         latency = time.perf_counter() - t0

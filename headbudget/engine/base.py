@@ -18,12 +18,12 @@ from headbudget.engine.types import (
     Auto,
     BatchResult,
     Cost,
-    Encoded,
     EngineOptions,
     ExecutionPlan,
     ModelInfo,
     Prediction,
     Runnable,
+    Tokens,
 )
 from headbudget.models.config import ModelConfig
 from headbudget.models.plan import Shape, uniform_plan
@@ -53,12 +53,13 @@ def check_texts(texts: Sequence[str]) -> list[str]:
     return list(texts)
 
 
-def encoded(encoder: TextEncoder, texts: Sequence[str], tokens: Encoded | None) -> Encoded:
+def tokenized(encoder: TextEncoder, texts: Sequence[str], tokens: Tokens | None) -> Tokens:
     """``texts`` checked and tokenized, or ``tokens`` where the caller tokenized them already (a Meter of this
     engine's, whose tokenizer is a copy of ``encoder``'s)."""
     texts = check_texts(texts)
     if tokens is None:
-        return encoder.encode(texts)
+        enc = encoder.encode(texts)
+        return Tokens(enc.ids, enc.truncated)
     if len(tokens.ids) != len(texts) or len(tokens.truncated) != len(texts):
         raise InputError(f"{len(texts)} texts but tokens for {len(tokens.ids)}")
     return tokens
@@ -155,9 +156,9 @@ class EngineBase:
         backend whose ``make_plan`` caches executor state overrides it."""
         return self.make_plan(check_budget(budget))
 
-    def predict(self, texts: Sequence[str], budget: float, tokens: Encoded | None = None) -> BatchResult:
+    def predict(self, texts: Sequence[str], budget: float, tokens: Tokens | None = None) -> BatchResult:
         b = check_budget(budget)
-        enc = encoded(self.encoder, texts, tokens)
+        enc = tokenized(self.encoder, texts, tokens)
         plan = self.plan(b)
         t0 = time.perf_counter()
         logits = self.forward_rows(enc.ids, plan)
@@ -175,18 +176,18 @@ class EngineBase:
         return BatchResult(predictions=preds, budget=b, heads_active=plan.heads_active,
                            heads_total=plan.heads_total, latency_s=latency)
 
-    def run(self, texts: Sequence[str], request: Runnable, tokens: Encoded | None = None) -> BatchResult:
+    def run(self, texts: Sequence[str], request: Runnable, tokens: Tokens | None = None) -> BatchResult:
         resolved = self.info.resolve(request)
         if isinstance(resolved, Auto):
             return self._decided(texts, resolved, tokens)
         return self.predict(texts, resolved.budget, tokens)
 
-    def _decided(self, texts: Sequence[str], request: Auto, tokens: Encoded | None = None) -> BatchResult:
+    def _decided(self, texts: Sequence[str], request: Auto, tokens: Tokens | None = None) -> BatchResult:
         """``Auto`` through the checkpoint's decider (``info.resolve`` checked there is one)."""
         decider = self.info.decider
         assert decider is not None
         c = check_budget(request.ceiling)
-        enc = encoded(self.encoder, texts, tokens)
+        enc = tokenized(self.encoder, texts, tokens)
         lengths = [len(ids) for ids in enc.ids]
 
         def run_pass(budget: float, idx: list[int]) -> np.ndarray:

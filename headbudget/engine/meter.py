@@ -10,9 +10,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
-from headbudget.engine.types import Cost, ExecutionPlan
+from headbudget.engine.types import Cost, ExecutionPlan, Tokens
 from headbudget.models.plan import Shape
-from headbudget.models.tokenizer import Encoded, TextEncoder
+from headbudget.models.tokenizer import TextEncoder
 
 
 class TokenMeter:
@@ -31,9 +31,10 @@ class TokenMeter:
         enc = self.tokenize(texts)
         return [(len(ids), cut) for ids, cut in zip(enc.ids, enc.truncated, strict=True)]
 
-    def tokenize(self, texts: Sequence[str]) -> Encoded:
+    def tokenize(self, texts: Sequence[str]) -> Tokens:
         with self._lock:
-            return self._encoder.encode(list(texts))
+            enc = self._encoder.encode(list(texts))
+        return Tokens(enc.ids, enc.truncated)
 
     def cost(self, budget: float, n_tokens: int) -> Cost:
         cost = self._costs.get((budget, n_tokens))

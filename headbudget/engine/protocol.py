@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from headbudget.engine.types import BatchResult, Cost, Encoded, ExecutionPlan, ModelInfo, Runnable
+from headbudget.engine.types import BatchResult, Cost, ExecutionPlan, ModelInfo, Runnable, Tokens
 
 
 class Meter(Protocol):
@@ -16,7 +16,7 @@ class Meter(Protocol):
         """(tokens after truncation, truncated?) per text: what the engine will count."""
         ...
 
-    def tokenize(self, texts: Sequence[str]) -> Encoded:
+    def tokenize(self, texts: Sequence[str]) -> Tokens:
         """The texts' token ids as the engine runs them (after truncation), which ``Engine.run`` takes instead of
         tokenizing them again."""
         ...
@@ -53,7 +53,7 @@ class Engine(Protocol):
         ``run(texts, Fixed(budget))`` runs, kept for callers that sweep numbers (CLI, benchmarks, evaluation)."""
         ...
 
-    def run(self, texts: Sequence[str], request: Runnable, tokens: Encoded | None = None) -> BatchResult:
+    def run(self, texts: Sequence[str], request: Runnable, tokens: Tokens | None = None) -> BatchResult:
         """Classify ``texts`` as ``request`` asks, resolved by ``info.resolve``: ``Fixed`` runs ``predict``;
         ``Auto`` runs through the checkpoint's decider (``info.decider``), or on a type that predicts its own
         budget is ``predict`` capped at the ceiling (BudgetError on a checkpoint with neither). Under a decider

@@ -12,11 +12,10 @@ from headbudget.engine.decider import DECIDER_FILE, Decider
 from headbudget.engine.errors import BudgetError
 from headbudget.engine.names import DEFAULT_PRECISION, Backend, Precision
 from headbudget.models.plan import Cost, ExecutionPlan  # re-exported: the engine interface speaks plans
-from headbudget.models.tokenizer import Encoded  # re-exported: what Meter.tokenize gives Engine.run
 
-__all__ = ["DEFAULT_PRECISION", "Auto", "Backend", "BatchResult", "BenchRecord", "BudgetRequest", "Cost", "Decider", "Encoded",
+__all__ = ["DEFAULT_PRECISION", "Auto", "Backend", "BatchResult", "BenchRecord", "BudgetRequest", "Cost", "Decider",
            "EngineOptions", "ExecutionPlan", "Fixed", "LatencyTarget", "ModelInfo", "Precision", "Prediction", "Runnable",
-           "SweepRecord"]
+           "SweepRecord", "Tokens"]
 
 
 
@@ -41,6 +40,15 @@ class EngineOptions:
     # The most activation memory one forward pass may take, as engine/passes.py estimates it: a batch above it
     # runs in several passes (outputs per text unchanged in fp32). None: every batch in one pass.
     max_activation_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Texts as a Meter tokenized them (``Meter.tokenize``): each one's token ids after truncation, and whether it
+    was cut; what ``Engine.run`` takes instead of tokenizing the texts again."""
+
+    ids: list[list[int]]
+    truncated: list[bool]
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from headbudget.engine.errors import EngineError
 from headbudget.engine.protocol import Engine, Meter
-from headbudget.engine.types import Auto, BudgetRequest, Encoded, LatencyTarget, ModelInfo, Prediction
+from headbudget.engine.types import Auto, BudgetRequest, LatencyTarget, ModelInfo, Prediction, Tokens
 from headbudget.service.compute import ComputeUnit, Quote, units
 from headbudget.service.errors import Overloaded
 from headbudget.service.latency import LatencyModel
@@ -69,7 +69,7 @@ class Job:
     owner: str = ""  # the key's id (Caller.owner): compute is shared fairly between the keys of a priority
     charge: int = 0  # milli compute units it is expected to run: its weight in that sharing
     start_tag: int = 0  # its virtual start (FairShare): set at admission
-    encoded: Encoded | None = None  # its texts' token ids, where admission priced it (Quote)
+    token_ids: Tokens | None = None  # its texts' token ids, where admission priced it (Quote)
     tokenize_cpu_s: float = 0.0  # CPU time tokenizing them took
 
     def order(self) -> tuple[int, int, int]:
@@ -145,7 +145,7 @@ class Batcher:
         else:
             job = Job(texts, tier, self.engine.info.resolve(request), len(texts) * max(n for n, _ in priced.tokens),
                       loop.create_future(), loop, counted=True, owner=owner, charge=priced.total,
-                      encoded=priced.encoded, tokenize_cpu_s=priced.tokenize_cpu_s)
+                      token_ids=priced.token_ids, tokenize_cpu_s=priced.tokenize_cpu_s)
         with self._cond:
             if self._stopping:
                 raise Overloaded("the server is shutting down", retry_after_s=1)
@@ -344,15 +344,15 @@ class Batcher:
         return bookkeeping
 
 
-def _tokens(batch: Sequence[Job]) -> tuple[Encoded | None, float]:
+def _tokens(batch: Sequence[Job]) -> tuple[Tokens | None, float]:
     """The batch's token ids where admission tokenized every request of it, and the CPU time that took; else
     (None, 0): the engine tokenizes the batch (requests of an unmetered tier share batches with priced ones)."""
     if len(batch) == 1:
-        return batch[0].encoded, batch[0].tokenize_cpu_s if batch[0].encoded is not None else 0.0
-    parts = [j.encoded for j in batch]
+        return batch[0].token_ids, batch[0].tokenize_cpu_s if batch[0].token_ids is not None else 0.0
+    parts = [j.token_ids for j in batch]
     if any(e is None for e in parts):
         return None, 0.0
-    return (Encoded([ids for e in parts if e is not None for ids in e.ids],
+    return (Tokens([ids for e in parts if e is not None for ids in e.ids],
                     [cut for e in parts if e is not None for cut in e.truncated]),
             sum(j.tokenize_cpu_s for j in batch))
 

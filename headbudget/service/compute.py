@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from headbudget.engine.protocol import Meter
-from headbudget.engine.types import Auto, BudgetRequest, Cost, Encoded, Fixed, LatencyTarget, Prediction
+from headbudget.engine.types import Auto, BudgetRequest, Cost, Fixed, LatencyTarget, Prediction, Tokens
 from headbudget.service.errors import ComputeCapExceeded
 from headbudget.service.settings import TierConfig
 
@@ -99,7 +99,7 @@ class Quote:
     budget: float  # the budget it was priced at
     tokens: tuple[tuple[int, bool], ...]  # (tokens, truncated?) per text, as the engine will count them
     texts: tuple[int, ...]  # milli-units per text
-    encoded: Encoded | None = None  # the texts as the Meter tokenized them
+    token_ids: Tokens | None = None  # the texts as the Meter tokenized them
     tokenize_cpu_s: float = 0.0  # CPU time that took: the engine's work, done ahead (Batcher counts it as such)
 
     @property

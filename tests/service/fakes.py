@@ -17,12 +17,12 @@ from headbudget.engine.types import (
     BatchResult,
     BenchRecord,
     Cost,
-    Encoded,
     ExecutionPlan,
     ModelInfo,
     Prediction,
     Runnable,
     SweepRecord,
+    Tokens,
 )
 
 
@@ -91,7 +91,7 @@ class FakeEngine:
         with self._one_thread():
             return self._predict(texts, budget)
 
-    def run(self, texts: Sequence[str], request: Runnable, tokens: Encoded | None = None) -> BatchResult:
+    def run(self, texts: Sequence[str], request: Runnable, tokens: Tokens | None = None) -> BatchResult:
         """As the real engines: the checkpoint resolves the request, a Fixed runs ``predict``; ``tokens`` (its
         Meter's) are recorded, and the texts counted again all the same."""
         self.runs_with_tokens.append(tokens is not None)
@@ -167,9 +167,9 @@ class FakeMeter:
     def count_tokens(self, texts: Sequence[str]) -> list[tuple[int, bool]]:
         return self._engine._count_tokens(texts)
 
-    def tokenize(self, texts: Sequence[str]) -> Encoded:
+    def tokenize(self, texts: Sequence[str]) -> Tokens:
         counts = self._engine._count_tokens(texts)
-        return Encoded([[0] * n for n, _ in counts], [cut for _, cut in counts])
+        return Tokens([[0] * n for n, _ in counts], [cut for _, cut in counts])
 
     def cost(self, budget: float, n_tokens: int) -> Cost:
         return self._engine.text_cost(self._engine.cap_heads(budget), n_tokens)
