@@ -28,11 +28,12 @@ EngineFactory = Callable[[Path], Predictor]
 def engine_factory(backend: str, budgets: tuple[float, ...]) -> EngineFactory:
     """The serving engine (fp32, one thread) of an artifact, as ids, mask, budget -> logits.
 
-    Every compared budget gets a prepacked session (``EngineOptions.prepacked_budgets``), as a budget that is
-    an operating point is served (a tier's default): timed on the all-budget session instead, where ORT packs
-    a partial layer's slices on every call, the kept AG News checkpoint's b = 0.75 measured 6.19 ms against
-    5.19 ms prepacked (150 texts, one process), which would place every method
-    against a curve slower than what a user running that budget gets. Every artifact gets the same options.
+    Every compared budget is asked for as prepacked (``EngineOptions.prepacked_budgets``), as a budget that is
+    an operating point is served (a tier's default). Where the all-budget graph has no packed levels, ORT
+    packs a partial layer's slices on every call: the kept AG News checkpoint's b = 0.75 measured 6.19 ms
+    against 5.19 ms prepacked (150 texts, one process), which would place every method against a curve slower
+    than what a user running that budget gets. With feed-forward levels the engine serves them from the
+    all-budget session (onnx_backend.OnnxEngine). Every artifact gets the same options.
     """
     from headbudget.engine.factory import load_engine
     from headbudget.engine.types import EngineOptions
