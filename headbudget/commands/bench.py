@@ -87,9 +87,6 @@ def _table(r: dict[str, Any]) -> str:
                      f"{row['speedup_vs_b1']:>7.2f} {f'{lo:.2f}-{hi:.2f}':>13} {row['speedup_vs_ort_dense']:>7.2f} "
                      f"{row['flop_bound_speedup']:>10.2f}")
     lines.append("peers: " + "  ".join(f"{k} {v:.2f}" for k, v in r["peers"].items()))
-    fl = r["floor"]
-    lines.append(f"floor (one head, one neuron group a layer): {fl['latency_ms']:.2f} ms, {fl['share_of_b1']:.3f} of b=1 "
-                 f"at {fl['mac_fraction']:.3f} of its MACs")
     lines.append(f"max |engine - reference| logit: {r['max_abs_logit_diff']:.2e}   rss: {r['rss_mb']} MB")
     lines.append(f"fixed per-call overhead vs ORT dense (2 tokens, paired): {r['overhead_ms']:.3f} ms;  "
                  + json.dumps(r["overhead"]))
