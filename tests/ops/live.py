@@ -116,6 +116,26 @@ def stop(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
         proc.wait(10)
 
 
+def prometheus_exe() -> str:
+    """The Prometheus binary, or a skip with the reason."""
+    exe = shutil.which("prometheus")
+    if exe is None:
+        pytest.skip("prometheus is not installed (Debian package prometheus; `make system-deps`)")
+    return exe
+
+
+@contextlib.contextmanager
+def running_prometheus(config: Path, folder: Path, port: int) -> Iterator[str]:
+    """Prometheus with ``config`` and its data under ``folder``, on ``port`` of loopback, until it answers ready
+    (its log in ``folder``); yields its URL."""
+    cmd = [prometheus_exe(), f"--config.file={config}", f"--storage.tsdb.path={folder / 'data'}",
+           f"--web.listen-address={HOST}:{port}", "--log.level=warn"]
+    url, log = f"http://{HOST}:{port}", folder / "prometheus.log"
+    with running(cmd, log) as proc:
+        wait_until(lambda: http("GET", f"{url}/-/ready", timeout=2)[0] == 200, 60, "prometheus", proc, log)
+        yield url
+
+
 def service_toml(redis_url: str = "") -> str:
     """A configuration with the three tiers, the test keys, and limits high enough for a load test."""
     lines = ["[server]", "max_batch_size = 32", "max_wait_ms = 3.0", "queue_size = 512", "",

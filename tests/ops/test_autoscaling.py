@@ -14,7 +14,6 @@ multiples of those targets, so the scenarios keep their meaning when a target is
 from __future__ import annotations
 
 import math
-import shutil
 import subprocess
 import time
 import urllib.parse
@@ -25,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.ops.live import HOST, free_port, http, running, wait_until
+from tests.ops.live import free_port, http, prometheus_exe, running_prometheus
 from tests.ops.promql import ROOT, adapter_query, adapter_rules, promtool
 
 HPA = ROOT / "deploy" / "kubernetes" / "base" / "hpa.yaml"
@@ -119,9 +118,7 @@ class Backfilled:
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backfilled]:
-    exe = shutil.which("prometheus")
-    if exe is None:
-        pytest.skip("prometheus is not installed (Debian package prometheus; `make system-deps`)")
+    prometheus_exe()
     tmp = tmp_path_factory.mktemp("prometheus-backfill")
     # Three hours back: outside the head block a fresh server starts, inside its retention.
     start = (int(time.time()) // 60 - 180) * 60
@@ -130,13 +127,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backfilled]
                            str(tmp / "data")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (tmp / "prometheus.yml").write_text("global: {}\n")
-    port = free_port()
-    cmd = [exe, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-           f"--web.listen-address={HOST}:{port}", "--log.level=warn"]
-    url = f"http://{HOST}:{port}"
-    with running(cmd, tmp / "prometheus.log") as server:
-        wait_until(lambda: http("GET", f"{url}/-/ready", timeout=2)[0] == 200, 60, "prometheus", server,
-                   tmp / "prometheus.log")
+    with running_prometheus(tmp / "prometheus.yml", tmp, free_port()) as url:
         yield Backfilled(url, start)
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import shutil
 import subprocess
 import time
 import urllib.parse
@@ -17,7 +16,16 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.ops.live import HOST, KEYS, LiveService, free_port, http, running, wait_until
+from tests.ops.live import (
+    HOST,
+    KEYS,
+    LiveService,
+    free_port,
+    http,
+    prometheus_exe,
+    running_prometheus,
+    wait_until,
+)
 from tests.ops.promql import (
     ALERTS,
     PROMETHEUS_YML,
@@ -44,9 +52,7 @@ def prom_query(url: str, expr: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def prometheus(live_service: LiveService, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """docker/prometheus/prometheus.yml with the API target on loopback and 1 s intervals; yields its URL."""
-    exe = shutil.which("prometheus")
-    if exe is None:
-        pytest.skip("prometheus is not installed (Debian package prometheus; `make system-deps`)")
+    prometheus_exe()
     tmp = tmp_path_factory.mktemp("prometheus")
     port = free_port()
     cfg = yaml.safe_load(PROMETHEUS_YML.read_text())
@@ -58,12 +64,7 @@ def prometheus(live_service: LiveService, tmp_path_factory: pytest.TempPathFacto
         job["static_configs"] = [{"targets": [target]}]
     config = tmp / "prometheus.yml"
     config.write_text(yaml.safe_dump(cfg))
-    cmd = [exe, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
-           f"--web.listen-address={HOST}:{port}", "--log.level=warn"]
-    url = f"http://{HOST}:{port}"
-    with running(cmd, tmp / "prometheus.log") as proc:
-        wait_until(lambda: http("GET", f"{url}/-/ready", timeout=2)[0] == 200, 60, "prometheus", proc,
-                   tmp / "prometheus.log")
+    with running_prometheus(config, tmp, port) as url:
         yield url
 
 
