@@ -19,9 +19,9 @@ batch 1, interleaved A/B in one process, medians of 30-150 rounds on a shared 2-
   once); at fewer heads, the head-prefix slices are graph *inputs* (cached OrtValues over views of the store),
   which ORT never prepacks, so no budget adds a packed copy. Feed-forward, embeddings and classifier are
   initializers, prepacked once; with a whole-model budget each layer's feed-forward block picks its branch the
-  same way, and int8 adds packed levels (``PrecisionSpec.ffn_levels``): the largest level within the plan's
-  width runs from prepacked initializers and only the rest of its neurons from inputs, because an unpacked
-  int8 product packs its weights on every call (docs/results.md, 'Every budget costs what it says').
+  same way. Packed levels (``PrecisionSpec.ffn_levels``, ``attention_levels``) add branches: the largest level
+  within the plan's width runs from prepacked initializers and only the rest of its units from inputs, because
+  an unpacked product packs its weights on every call (docs/results.md, 'Every budget costs what it says').
   One run call per forward. fp32: b=1 18.4 ms, b=0.5 15.5, b=0.25 13.8 vs ORT dense 19.3 (a second round:
   19.7 / 16.3 / 14.2 vs 20.0); memory 151 MB over imports for all 19 budgets vs 132 MB dense (1.14x).
 - "chain" (the previous default, removed): prepacked per-layer FFN sessions and unpacked per-(layer, heads)

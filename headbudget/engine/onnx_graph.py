@@ -49,7 +49,7 @@ from headbudget.models.plan import ExecutionPlan
 # 7: whole-model budgets (neuron-ordered feed-forward store, feed-forward prefixes in the graphs).
 # 8: int8 whole-model W1 stored (I, D) like fp32, run by QGemm(transB=1): no per-width copies.
 # 10: fp32 residual biases folded (weights.fold_residual_biases): the residual rides in the second Gemm's C.
-# 11: packed feed-forward levels (PrecisionSpec.ffn_levels) and one all-budget graph per exit depth.
+# 11: packed levels (PrecisionSpec.ffn_levels, attention_levels) and one all-budget graph per exit depth.
 BUILDER_VERSION = 11
 OPSET = 17
 MS = "com.microsoft"
