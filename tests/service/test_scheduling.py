@@ -165,13 +165,16 @@ async def test_a_disconnect_message_drops_the_request_from_the_queue() -> None:
     assert [t for t, _ in engine.calls] == [["b"]]
 
 
-def _job(tier_name: str, config, texts: list[str], request: BudgetRequest, tokens: int, age_s: float = 0.0) -> Job:
+def _job(tier_name: str, config, texts: list[str], request: BudgetRequest, tokens: int, age_s: float = 0.0,
+         at: float | None = None) -> Job:
+    """A queued job; ``at``: the instant it is ``age_s`` old (default: now), so that a plan made at ``at`` does not
+    depend on how long building the other jobs took."""
     loop = asyncio.new_event_loop()
     try:
         job = Job(texts, config.tier(tier_name), request, tokens, loop.create_future(), loop)
     finally:
         loop.close()
-    job.enqueued -= age_s
+    job.enqueued = (job.enqueued if at is None else at) - age_s
     return job
 
 
@@ -179,17 +182,18 @@ def test_planner_degrades_only_when_the_queue_would_miss_the_target() -> None:
     config = make_config()  # flex: target 200 ms, min_budget 0.1
     planner = Planner(FakeEngine(), LatencyModel(BenchRecord.parse(BENCH), 512))
     # 10 jobs of 100 tokens: 10 ms each at budget 1.0, 1 ms at 0.1
-    light = [_job("flex", config, ["t"], Fixed(1.0), 100) for _ in range(10)]
-    _, applied, _ = planner.plan(light, time.monotonic(), 32)
+    now = time.monotonic()  # every job arrives and is planned at this instant: no wall-clock in the test
+    light = [_job("flex", config, ["t"], Fixed(1.0), 100, at=now) for _ in range(10)]
+    _, applied, _ = planner.plan(light, now, 32)
     assert set(applied.values()) == {1.0}  # 100 ms of work fits a 200 ms target
-    heavy = [_job("flex", config, ["t"], Fixed(1.0), 100) for _ in range(40)]  # 400 ms at 1.0
-    batch, applied, wants = planner.plan(heavy, time.monotonic(), 32)
+    heavy = [_job("flex", config, ["t"], Fixed(1.0), 100, at=now) for _ in range(40)]  # 400 ms at 1.0
+    batch, applied, wants = planner.plan(heavy, now, 32)
     level = applied[heavy[0].seq]
     assert 0.1 <= level < 1.0 and set(wants.values()) == {1.0}
     assert 40 * planner.cost_s(heavy[0], level) <= 0.2 + 1e-9  # the chosen level meets the target
     assert len(batch) == 32  # same mask: one batch, up to max_batch_size texts
-    mixed = [_job("quality", config, ["t"], Fixed(1.0), 100) for _ in range(5)] + heavy
-    _, applied, _ = planner.plan(mixed, time.monotonic(), 32)
+    mixed = [_job("quality", config, ["t"], Fixed(1.0), 100, at=now) for _ in range(5)] + heavy
+    _, applied, _ = planner.plan(mixed, now, 32)
     assert all(applied[j.seq] == 1.0 for j in mixed[:5])  # tiers without a target never degrade
 
 
