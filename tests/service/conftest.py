@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,18 @@ async def queued_behind_first(engine: FakeEngine, first_budget: float, budgets: 
         return list(await asyncio.gather(first, *tasks))
 
 
+async def first_then_queued(engine: FakeEngine, n: int,
+                            send: Callable[[], Awaitable[httpx.Response]]) -> list[asyncio.Task[httpx.Response]]:
+    """``n`` requests: the first until the engine holds its batch (planned alone, with nothing queued behind it:
+    on a slow machine all ``n`` could otherwise reach the queue before the first plan), then the rest behind it."""
+    first = asyncio.create_task(send())
+    if not await asyncio.to_thread(engine.entered.wait, 10):
+        raise AssertionError("the first request never reached the engine")
+    rest = [asyncio.create_task(send()) for _ in range(n - 1)]
+    await asyncio.sleep(0.2)
+    return [first, *rest]
+
+
 async def auto_burst_under_load(engine: FakeEngine, bench_calibration: bool = True) -> list[dict[str, Any]]:
     """Twelve ``budget=auto`` requests of one 100-token text, held behind the engine's gate, on the flex tier with
     a 300 ms latency target: the degrade tests. Every answer is a 200; returns each one's single result."""
@@ -91,9 +103,8 @@ async def auto_burst_under_load(engine: FakeEngine, bench_calibration: bool = Tr
         if bench_calibration:  # the fakes run 5x slower than their benchmark table says
             app.state.runtime.batcher.latency.observe(1.0, 100, 50.0)
             app.state.runtime.batcher.latency.observe(0.1, 100, 9.5)
-        tasks = [asyncio.create_task(client.post("/classify?budget=auto", json={"text": text},
-                                                 headers=headers("flex"))) for _ in range(12)]
-        await asyncio.sleep(0.2)
+        tasks = await first_then_queued(engine, 12, lambda: client.post(
+            "/classify?budget=auto", json={"text": text}, headers=headers("flex")))
         engine.gate.set()
         rs = await asyncio.gather(*tasks)
     assert [r.status_code for r in rs] == [200] * 12, [r.text for r in rs if r.status_code != 200]

@@ -43,6 +43,7 @@ class FakeEngine:
         self.closed = False
         self.gate = threading.Event()  # cleared: predict blocks until set (to hold a batch in flight)
         self.gate.set()
+        self.entered = threading.Event()  # set when a call reaches the gate: a batch is in flight
         self._thread: int | None = None  # the thread inside a call now
         self._lock = threading.Lock()
         self._depth = 0
@@ -107,6 +108,7 @@ class FakeEngine:
     def _predict(self, texts: Sequence[str], budget: float) -> BatchResult:
         if not texts or any(not t.strip() for t in texts):
             raise InputError("empty text")
+        self.entered.set()
         self.gate.wait(30)
         self.calls.append((list(texts), budget))
         counts = self.count_tokens(texts)

@@ -23,6 +23,7 @@ from headbudget.service.state import PER_MINUTE_MS, ComputeLimit, MemoryState, S
 from tests.service.conftest import (
     KEYS,
     config_dict,
+    first_then_queued,
     headers,
     redis_process,
     running_app,
@@ -201,9 +202,8 @@ async def test_a_degraded_answer_is_charged_what_ran() -> None:
         runtime.batcher.latency.observe(1.0, 100, 50.0)
         runtime.batcher.latency.observe(0.1, 100, 9.5)
         text = " ".join(["w"] * 98)  # 100 tokens: 100 units each at the requested budget 1.0
-        tasks = [asyncio.create_task(client.post("/classify", json={"text": text}, headers=headers("flex")))
-                 for _ in range(12)]
-        await asyncio.sleep(0.2)
+        tasks = await first_then_queued(engine, 12, lambda: client.post(
+            "/classify", json={"text": text}, headers=headers("flex")))
         engine.gate.set()
         rs = await asyncio.gather(*tasks)
         owner = hash_key(KEYS["flex"])[:16]
