@@ -52,6 +52,7 @@ from headbudget.engine.base import EngineBase
 from headbudget.engine.errors import ModelLoadError
 from headbudget.engine.graph_cache import GraphCache, cache_key
 from headbudget.engine.ort_fast import Runner
+from headbudget.engine.precision import PRECISIONS
 from headbudget.engine.store import Arrays, Embeddings
 from headbudget.engine.types import EngineOptions, ExecutionPlan, ModelInfo
 from headbudget.engine.weights import checkpoint_config, gate_params, load_state, pack
@@ -117,7 +118,10 @@ class OnnxEngine(EngineBase):
         self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         self._feeds: dict[Hashable, dict[str, Any]] = {}  # plan.key -> the dynamic session's per-plan inputs
         self._keep: list[np.ndarray] = []  # arrays behind cached feed OrtValues
-        self._dyn: dict[int | None, Runner] = {}  # the "dynamic" layout's sessions, by exit depth (None: all layers)
+        # The "dynamic" layout's sessions, by (exit depth (None: all layers), whether it is the graph without
+        # branches for small plans).
+        self._dyn: dict[tuple[int | None, bool], Runner] = {}
+        self._fed_up_to = PRECISIONS[self.precision].fed_up_to
         self._logits = ["logits"]
         # Plans with a prepacked session of their own (EngineOptions.prepacked_budgets, and with a decider the
         # budgets auto runs most); a plan that runs every layer whole needs none: the all-budget session's
@@ -191,15 +195,20 @@ class OnnxEngine(EngineBase):
         """The all-budget session of the plan's depth (every layer, or those below its exit: one per exit used)
         and the plan's per-call inputs (cached)."""
         c, p, depth = self.cfg, self.precision, plan.depth
-        sess = self._dyn.get(depth)
+        fed = B.runs_fed(c, plan, self._fed_up_to)
+        sess = self._dyn.get((depth, fed))
         if sess is None:
-            init, levels = B.dynamic_arrays(self.store, c, self._slices, self.levels, depth), self.levels
-            name = "dynamic" if depth is None else f"dynamic-d{depth}"
-            sess = self._dyn[depth] = self._session(name, name, init,
-                                                    lambda: G.build_dynamic(c, p, init, levels, depth), prepack=True)
+            levels = self.levels
+            if fed:
+                init = B.fed_arrays(self.store, c, depth)
+            else:
+                init = B.dynamic_arrays(self.store, c, self._slices, levels, depth)
+            name = ("fed" if fed else "dynamic") + ("" if depth is None else f"-d{depth}")
+            sess = self._dyn[depth, fed] = self._session(
+                name, name, init, lambda: G.build_dynamic(c, p, init, levels, depth, fed), prepack=True)
         feeds = self._feeds.get(plan.key)
         if feeds is None:
-            arrays = B.dynamic_feeds(self.store, c, plan, self._slices, self.levels)
+            arrays = B.dynamic_feeds(self.store, c, plan, self._slices, self.levels, fed)
             self._keep.extend(arrays.values())
             feeds = self._feeds[plan.key] = {n: sess.value(a) for n, a in arrays.items()}
         return sess, feeds

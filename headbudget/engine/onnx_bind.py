@@ -84,6 +84,21 @@ def run_layers(cfg: ModelConfig, plan: ExecutionPlan) -> list[tuple[int, int]]:
     return list(pairs)[: plan.layers_run]
 
 
+def weight_share(cfg: ModelConfig, plan: ExecutionPlan) -> float:
+    """The share of all layers' block weights that ``plan`` multiplies by."""
+    head, neuron = 4 * cfg.head_dim * cfg.hidden_size, 2 * cfg.hidden_size  # Q, K, V and W_O; W1 and W2
+    used = sum(k * head + w * neuron for k, w in run_layers(cfg, plan))
+    return used / (cfg.n_layers * (cfg.n_heads * head + cfg.intermediate_size * neuron))
+
+
+def runs_fed(cfg: ModelConfig, plan: ExecutionPlan, up_to: float) -> bool:
+    """Whether ``plan`` runs the all-budget graph without branches (``build_dynamic(fed=True)``): it multiplies by
+    at most ``up_to`` of the weights and has no block at all its units, which the graph with branches runs
+    packed. (An attention-scope plan's feed-forward blocks are initializers in both.)"""
+    full = any(k == cfg.n_heads or (cfg.ffn_groups and w == cfg.intermediate_size) for k, w in run_layers(cfg, plan))
+    return not full and weight_share(cfg, plan) <= up_to
+
+
 def _put(out: Arrays, name: str, array: np.ndarray | None) -> None:
     """``out[name] = array`` where the store holds that array (int8 scales, folded biases)."""
     if array is not None:
@@ -194,6 +209,24 @@ def dynamic_arrays(store: WeightStore, cfg: ModelConfig, cache: SliceCache, leve
     return out
 
 
+def fed_arrays(store: WeightStore, cfg: ModelConfig, depth: int | None = None) -> Arrays:
+    """The initializers of ``build_dynamic(fed=True)``: what every plan shares (embeddings, norms, the answering
+    head, the output scales); every block's weights are per-call inputs (attention scope: its full feed-forward
+    block stays an initializer)."""
+    n_layers = cfg.n_layers if depth is None else depth
+    out = _shared(store, CLASSIFIER if depth is None else exit_head(depth))
+    folded = PRECISIONS[store.precision].folds_residual_biases
+    for layer, lw in enumerate(store.layers[:n_layers]):
+        n = layer_names(layer)
+        out.update(_norms(lw, layer, folded, last=layer == n_layers - 1))
+        _put(out, n.wo_s, lw.wo_s)
+        if cfg.ffn_groups:
+            _put(out, n.w2_s, lw.w2_s)
+        else:
+            out.update(_full_ffn(store, layer))
+    return out
+
+
 def _idle(cfg: ModelConfig, store: WeightStore, cache: SliceCache) -> tuple[_Idle, _Idle]:
     """The zero head and the zero neuron (made once per engine)."""
     d, dh, spec = cfg.hidden_size, cfg.head_dim, PRECISIONS[store.precision]
@@ -210,8 +243,9 @@ def _idle(cfg: ModelConfig, store: WeightStore, cache: SliceCache) -> tuple[_Idl
 
 
 def dynamic_feeds(store: WeightStore, cfg: ModelConfig, plan: ExecutionPlan, cache: SliceCache,
-                  levels: Levels) -> Arrays:
-    """The per-call inputs of ``build_dynamic`` for ``plan`` (views of ``store`` or ``cache``).
+                  levels: Levels, fed: bool = False) -> Arrays:
+    """The per-call inputs of ``build_dynamic`` for ``plan`` (views of ``store`` or ``cache``); ``fed``: of its
+    graph without If nodes, where every block, at any width, runs its units from these inputs.
 
     A block below all its units runs the largest packed level within its width (``levels``, none: 0) from
     initializers and the rest of its units from these inputs. A block with no such unit (none at all, or none
@@ -224,14 +258,19 @@ def dynamic_feeds(store: WeightStore, cfg: ModelConfig, plan: ExecutionPlan, cac
     idle_heads, idle_neurons = _idle(cfg, store, cache)
     out: Arrays = {}
     widths = plan.ffn_widths(full_width)
+    if fed:  # no branches: every block's units come from these inputs, a full block's included
+        levels = Levels()
     for layer, k in enumerate(plan.heads[: plan.layers_run]):
         n = input_names(layer)
-        out[n.full] = np.array(k == n_heads)
-        lo = floor_level(k, levels.heads) if k < n_heads else 0
+        branch = k == n_heads and not fed  # the block takes its full branch and ignores these inputs
+        if not fed:
+            out[n.full] = np.array(branch)
+        lo = 0 if branch else floor_level(k, levels.heads)
         if levels.heads:  # which branch runs (the flags of ``onnx_graph._Graph.choose``): one of these, or full
             for lv in (0, *levels.heads):
-                out[level_input(layer, lv, heads=True)] = np.array(k < n_heads and lv == lo)
-        if lo < k < n_heads:
+                out[level_input(layer, lv, heads=True)] = np.array(not branch and lv == lo)
+        own_units = lo < k and not branch
+        if own_units:
             own = layer_names(layer, heads=k)
             sliced = _sliced(store, layer, k, dh, cache, lo)
             out |= {n.wqkv: sliced[own.wqkv], n.bqkv: sliced[own.bqkv], n.wo: sliced[own.wo]}
@@ -241,18 +280,20 @@ def dynamic_feeds(store: WeightStore, cfg: ModelConfig, plan: ExecutionPlan, cac
             out |= {n.wqkv: idle_heads.w_in, n.bqkv: idle_heads.bias, n.wo: idle_heads.w_out}
             if quantized:
                 out[n.wqkv_s] = idle_heads.scale
-        kk = lo + (k - lo if lo < k < n_heads else 1)  # heads the attention core sees: the level's and the rest
+        kk = lo + (k - lo if own_units else 1)  # heads the attention core sees: the level's and the rest
         out[n.heads] = np.array([kk, 3, dh], np.int64)
         out[n.flat] = np.array([-1, kk * dh], np.int64)
         if not cfg.ffn_groups:
             continue
         w = widths[layer]
-        out[n.ffn_full] = np.array(w == full_width)
-        lo = floor_level(w, levels.neurons) if w < full_width else 0
+        branch = w == full_width and not fed
+        if not fed:
+            out[n.ffn_full] = np.array(branch)
+        lo = 0 if branch else floor_level(w, levels.neurons)
         if levels.neurons:
             for lv in (0, *levels.neurons):
-                out[level_input(layer, lv)] = np.array(w < full_width and lv == lo)
-        if lo < w < full_width:
+                out[level_input(layer, lv)] = np.array(not branch and lv == lo)
+        if lo < w and not branch:
             own = layer_names(layer, neurons=w)
             sliced = _ffn_sliced(store, layer, w, lo)
             out |= {n.w1: sliced[own.w1], n.b1: sliced[own.b1], n.w2: sliced[own.w2]}

@@ -320,7 +320,7 @@ def build_graph(cfg: ModelConfig, plan: ExecutionPlan, precision: Precision, arr
 
 
 def build_dynamic(cfg: ModelConfig, precision: Precision, arrays: Arrays, levels: Levels,
-                  depth: int | None = None) -> onnx.ModelProto:
+                  depth: int | None = None, fed: bool = False) -> onnx.ModelProto:
     """The whole classifier for every budget in one graph (``depth``: the layers below that exit and its head,
     for every plan that stops there); per layer, If nodes pick each block's branch.
 
@@ -330,6 +330,10 @@ def build_dynamic(cfg: ModelConfig, precision: Precision, arrays: Arrays, levels
     initializers used by every budget; so is the feed-forward block for attention-scope checkpoints.
     Whole-model budgets give the feed-forward block the same kinds of branch: all neurons, a packed level and
     the rest, or the plan's neurons all fed per call.
+
+    ``fed``: the graph for small plans (``PrecisionSpec.fed_up_to``), with no If node: every block runs the
+    plan's units from the per-call inputs, whatever its width. Each If runs its branch as a subgraph of its own
+    and four per layer cost a small plan more than packing its few weights on every call does.
     """
     g = _Graph(cfg, precision)
     bn = g.op("Shape", ["input_ids"])  # (2,) = [B, N]
@@ -342,28 +346,31 @@ def build_dynamic(cfg: ModelConfig, precision: Precision, arrays: Arrays, levels
     n_layers = cfg.n_layers if depth is None else depth
     for layer in range(n_layers):
         n, last = input_names(layer), layer == n_layers - 1
-        inputs += [info(n.full, TensorProto.BOOL, []), info(n.wqkv, wtype, [None, None]),
-                   info(n.bqkv, TensorProto.FLOAT, [None]), info(n.wo, wtype, [None, cfg.hidden_size]),
+        inputs += [] if fed else [info(n.full, TensorProto.BOOL, [])]
+        inputs += [info(n.wqkv, wtype, [None, None]), info(n.bqkv, TensorProto.FLOAT, [None]),
+                   info(n.wo, wtype, [None, cfg.hidden_size]),
                    info(n.heads, TensorProto.INT64, [3]), info(n.flat, TensorProto.INT64, [2])]
         if spec.quantized:
             inputs.append(info(n.wqkv_s, TensorProto.FLOAT, [None]))
         att = partial(_Graph.attention, x=x, bn=bn, bias=bias, layer=layer)
-        x = _block(g, inputs, n.full, partial(att, k=cfg.n_heads), partial(att, k=None),
-                   [(level_input(layer, lv, heads=True), partial(_Graph.attention_level, x=x, bn=bn, bias=bias,
-                                                                 layer=layer, lo=lv)) for lv in levels.heads],
-                   level_input(layer, 0, heads=True))
+        x = att(g, k=None) if fed else _block(
+            g, inputs, n.full, partial(att, k=cfg.n_heads), partial(att, k=None),
+            [(level_input(layer, lv, heads=True), partial(_Graph.attention_level, x=x, bn=bn, bias=bias,
+                                                          layer=layer, lo=lv)) for lv in levels.heads],
+            level_input(layer, 0, heads=True))
         if not cfg.ffn_groups:  # attention scope: every neuron, every budget
             x = g.ffn(x, layer, cfg.intermediate_size, last)
             continue
-        inputs += [info(n.ffn_full, TensorProto.BOOL, []),
-                   info(n.w1, wtype, [None, cfg.hidden_size]),  # (w, D) rows
+        inputs += [] if fed else [info(n.ffn_full, TensorProto.BOOL, [])]
+        inputs += [info(n.w1, wtype, [None, cfg.hidden_size]),  # (w, D) rows
                    info(n.b1, TensorProto.FLOAT, [None]), info(n.w2, wtype, [None, cfg.hidden_size])]
         if spec.quantized:
             inputs += [info(n.w1_s, TensorProto.FLOAT, [None]), info(n.w1_z, TensorProto.INT8, [None])]
         ffn = partial(_Graph.ffn, x=x, layer=layer, last=last)
-        x = _block(g, inputs, n.ffn_full, partial(ffn, w=cfg.intermediate_size), partial(ffn, w=None),
-                   [(level_input(layer, lv), partial(_Graph.ffn_level, x=x, layer=layer, lo=lv, last=last))
-                    for lv in levels.neurons], level_input(layer, 0))
+        x = ffn(g, w=None) if fed else _block(
+            g, inputs, n.ffn_full, partial(ffn, w=cfg.intermediate_size), partial(ffn, w=None),
+            [(level_input(layer, lv), partial(_Graph.ffn_level, x=x, layer=layer, lo=lv, last=last))
+             for lv in levels.neurons], level_input(layer, 0))
     logits = g.classify(x, bn, "attention_mask", CLASSIFIER if depth is None else exit_head(depth))  # (B, C)
     return _model(g, inputs, {"logits": logits}, arrays)
 

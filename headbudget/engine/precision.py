@@ -40,12 +40,18 @@ class PrecisionSpec:
     # levels cost the small budgets more than they saved the large ones); fp32 keeps two of each.
     ffn_levels: tuple[float, ...] = ()
     attention_levels: tuple[float, ...] = ()
+    # Plans that multiply by at most this share of the layers' weights, no block at all its units
+    # (onnx_bind.runs_fed), run a graph without If nodes, every weight fed per call (onnx_graph.build_dynamic's
+    # ``fed``): there the branches cost more than packing the plan's weights on every call. Where that stops
+    # paying was measured per precision (docs/results.md, 'Every budget costs what it says'); fp32 weights
+    # cost four times as much to pack.
+    fed_up_to: float = 0.0
 
 
 PRECISIONS: Mapping[Precision, PrecisionSpec] = MappingProxyType({
     "fp32": PrecisionSpec(quantized=False, folds_residual_biases=True, qkv_by_columns=False,
                           weight_dtype=np.float32, torch_engines=True, ffn_levels=(1 / 3, 2 / 3),
-                          attention_levels=(1 / 3, 2 / 3)),
+                          attention_levels=(1 / 3, 2 / 3), fed_up_to=0.2),
     "int8": PrecisionSpec(quantized=True, folds_residual_biases=False, qkv_by_columns=True,
-                          weight_dtype=np.int8, torch_engines=False, ffn_levels=(1 / 2,)),
+                          weight_dtype=np.int8, torch_engines=False, ffn_levels=(1 / 2,), fed_up_to=0.5),
 })

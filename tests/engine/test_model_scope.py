@@ -96,8 +96,9 @@ def test_fp32_matches_masked_reference_at_every_budget(tiny_model_scope_checkpoi
             assert p.cost == plan.cost(Shape.of(reference.cfg), p.n_tokens)
             assert p.cost.neurons_active == sum(plan.ffn or ())
     if options.backend == "onnxruntime" and options.prepack:
-        # One session served every budget: with packed feed-forward levels no budget gets a session of its own.
-        assert engine.n_sessions == 1  # type: ignore[attr-defined]
+        # The all-budget sessions served every budget (the graph with branches, and the one without for small
+        # plans): with packed feed-forward levels no budget gets a session of its own.
+        assert set(engine._sessions) == {"dynamic", "fed"}  # type: ignore[attr-defined]  # noqa: SLF001
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
@@ -113,9 +114,41 @@ def test_prepacked_budgets_answer_exactly_as_the_all_budget_session(tiny_model_s
     for b in (0.25, 0.5, 0.75, 1.0, 0.3):
         atol = 1e-5 if precision == "fp32" else int8_layouts_atol(cold, b)
         np.testing.assert_allclose(hot.predict_ids(ids, mask, b), cold.predict_ids(ids, mask, b), atol=atol, rtol=0)
-    assert cold.n_sessions == 1  # type: ignore[attr-defined]
-    # The all-budget session packs feed-forward levels instead of sessions per budget.
-    assert hot.n_sessions == 1  # type: ignore[attr-defined]
+    # The all-budget sessions pack feed-forward levels instead of sessions per budget.
+    assert "dynamic" in cold._sessions and set(cold._sessions) == set(hot._sessions) <= {"dynamic", "fed"}  # type: ignore[attr-defined]  # noqa: SLF001
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_small_plans_run_one_graph_without_branches(tiny_model_scope_checkpoint: Path, reference: BudgetedClassifier,
+                                                    precision: str, tmp_path: Path) -> None:
+    """Plans within ``PrecisionSpec.fed_up_to`` of the weights and with no full block run the graph with no If
+    node, every weight fed; it answers as each plan's own graph does (int8 too: no block is split), and the
+    larger plans keep the graph with branches."""
+    from headbudget.engine.onnx_bind import runs_fed, weight_share
+    from headbudget.engine.precision import PRECISIONS
+
+    engine = load_engine(tiny_model_scope_checkpoint, EngineOptions(precision=precision, cache_dir=tmp_path))  # type: ignore[arg-type]
+    whole = load_engine(tiny_model_scope_checkpoint, EngineOptions(precision=precision, prepack=False,  # type: ignore[arg-type]
+                                                                   cache_dir=tmp_path))
+    cfg, up_to = reference.cfg, PRECISIONS[precision].fed_up_to  # type: ignore[index]
+    ids, mask = _inputs(engine)
+    kinds = set()
+    for b in (*BUDGET_GRID, 0.13, 0.37):
+        plan = engine.plan(b)
+        fed = runs_fed(cfg, plan, up_to)
+        full = any(k == cfg.n_heads for k in plan.heads) or any(w == cfg.intermediate_size for w in plan.ffn or ())
+        assert fed == (weight_share(cfg, plan) <= up_to and not full), f"budget {b}"
+        kinds.add(fed)
+        got = engine.predict_ids(ids, mask, b)  # type: ignore[attr-defined]
+        sess, _ = engine._runner(plan)  # type: ignore[attr-defined]  # noqa: SLF001
+        assert sess is engine._sessions["fed" if fed else "dynamic"], f"budget {b}"  # type: ignore[attr-defined]  # noqa: SLF001
+        if fed:
+            np.testing.assert_allclose(got, whole.predict_ids(ids, mask, b), atol=1e-5, rtol=0)  # type: ignore[attr-defined]
+            np.testing.assert_allclose(got, _logits(reference, ids, mask, b), atol=1e-4 if precision == "fp32" else 0.25,
+                                       rtol=0)
+    assert kinds == {True, False}
+    graph = onnx.load(str(next(tmp_path.rglob("fed.onnx"))), load_external_data=False)
+    assert graph.graph.node and not any(n.op_type == "If" for n in graph.graph.node)
 
 
 def test_int8_runs_and_mostly_agrees(tiny_model_scope_checkpoint: Path, reference: BudgetedClassifier,
