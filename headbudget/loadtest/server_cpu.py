@@ -10,7 +10,9 @@ passes' (``headbudget_engine_cpu_seconds_total``); what is left is what serving 
 budget, each part is the median over rounds, and the total is their sum.
 
 The tiers meter compute, as every shipped config does (``--unmetered``: request rate only), and every budget is
-a tier default, so each runs prepacked as a default does.
+a tier's default. The file's top level holds the sequential run's figures (``workers``, ``cpu_ms_per_request``,
+``engine_ms_per_request``, ``non_engine_ms_per_request``: maps from budget to milliseconds); ``runs`` holds both
+runs with their rounds.
 """
 
 from __future__ import annotations
@@ -168,8 +170,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     runs = measure(args.model, texts, budgets, args.precision, args.rounds, not args.unmetered, args.load_workers,
                    args.users, args.seconds)
+    headline = {k: runs[0][k] for k in ("workers", "cpu_ms_per_request", "engine_ms_per_request",
+                                           "non_engine_ms_per_request", "b025_over_b1")}
     doc = {"precision": args.precision, "model": str(args.model), "metered": not args.unmetered,
-           "budgets": [str(b) for b in budgets], "workers": runs,
+           "budgets": [str(b) for b in budgets], **headline, "runs": runs,
            "n_requests": sum(r["n_requests"] for r in runs), "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"),
            "commit": code_commit(short=False),
            "command": " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])}

@@ -31,7 +31,9 @@ def test_writes_cpu_per_request_by_budget_for_both_runs(smoke_checkpoint: Path, 
     doc = json.loads(out.read_text())
     assert doc["precision"] == "int8" and doc["metered"] is True and doc["budgets"] == ["1.0", "0.25"]
     assert {"cpu", "date", "commit", "command"} <= set(doc) and "--budgets 1.0,0.25" in doc["command"]
-    seq, load = doc["workers"]
+    seq, load = doc["runs"]
+    for key in ("workers", "cpu_ms_per_request", "engine_ms_per_request", "non_engine_ms_per_request"):
+        assert doc[key] == seq[key]  # the top level: the sequential run's figures, by budget
     assert (seq["workers"], seq["clients"], seq["mode"]) == (1, 1, "sequential")
     assert (load["workers"], load["mode"]) == (2, "closed_loop") and load["clients"] == 2
     assert seq["n_requests"] == 3 * 2 * 3 and load["n_requests"] > 0
