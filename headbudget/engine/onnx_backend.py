@@ -22,7 +22,9 @@ batch 1, interleaved A/B in one process, medians of 30-150 rounds on a shared 2-
   same way. Packed levels (``PrecisionSpec.ffn_levels``, ``attention_levels``) add branches: the largest level
   within the plan's width runs from prepacked initializers and only the rest of its units from inputs, because
   an unpacked product packs its weights on every call (docs/results.md, 'Every budget costs what it says').
-  One run call per forward. fp32: b=1 18.4 ms, b=0.5 15.5, b=0.25 13.8 vs ORT dense 19.3 (a second round:
+  Small plans (``PrecisionSpec.fed_up_to``, ``onnx_bind.runs_fed``) run a second all-budget session whose graph
+  has no If node, every block's units fed: there the branches cost more than the packing. One run call per
+  forward. fp32: b=1 18.4 ms, b=0.5 15.5, b=0.25 13.8 vs ORT dense 19.3 (a second round:
   19.7 / 16.3 / 14.2 vs 20.0); memory 151 MB over imports for all 19 budgets vs 132 MB dense (1.14x).
 - "chain" (the previous default, removed): prepacked per-layer FFN sessions and unpacked per-(layer, heads)
   attention sessions chained in Python, 14 run calls: b=1 20.3 ms, b=0.5 16.1 ms in the same run as the

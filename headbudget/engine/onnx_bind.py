@@ -1,8 +1,8 @@
 """The arrays the engine's ONNX graphs name, as views of one weight store: initializers and per-call inputs.
 
-``bind`` gives a plan's own graph (``onnx_graph.build_graph``) its initializers, ``dynamic_arrays`` and
-``dynamic_feeds`` the all-budget graph's (``onnx_graph.build_dynamic``) initializers and a plan's per-call
-inputs. A plan keeps the first heads (neurons) of each layer's rank order, so its arrays are row prefixes of
+``bind`` gives a plan's own graph (``onnx_graph.build_graph``) its initializers, ``dynamic_arrays`` (or
+``fed_arrays``, for the graph without branches) and ``dynamic_feeds`` the all-budget graph's
+(``onnx_graph.build_dynamic``) initializers and a plan's per-call inputs. A plan keeps the first heads (neurons) of each layer's rank order, so its arrays are row prefixes of
 the store's: numpy views, one copy of every weight for all budgets. The exception is int8 Q/K/V, stored
 (D, H*3*dh): a head prefix is a column copy, made once per (layer, heads) in the engine's ``SliceCache``.
 """
