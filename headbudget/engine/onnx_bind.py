@@ -280,9 +280,6 @@ def dynamic_feeds(store: WeightStore, cfg: ModelConfig, plan: ExecutionPlan, cac
             out |= {n.wqkv: idle_heads.w_in, n.bqkv: idle_heads.bias, n.wo: idle_heads.w_out}
             if quantized:
                 out[n.wqkv_s] = idle_heads.scale
-        kk = lo + (k - lo if own_units else 1)  # heads the attention core sees: the level's and the rest
-        out[n.heads] = np.array([kk, 3, dh], np.int64)
-        out[n.flat] = np.array([-1, kk * dh], np.int64)
         if not cfg.ffn_groups:
             continue
         w = widths[layer]

@@ -50,7 +50,9 @@ from headbudget.models.plan import ExecutionPlan
 # 8: int8 whole-model W1 stored (I, D) like fp32, run by QGemm(transB=1): no per-width copies.
 # 10: fp32 residual biases folded (weights.fold_residual_biases): the residual rides in the second Gemm's C.
 # 11: packed levels (PrecisionSpec.ffn_levels, attention_levels) and one all-budget graph per exit depth.
-BUILDER_VERSION = 11
+# 12: a graph without branches for small plans; one Q/K/V shape per graph (the head count inferred), no
+#     per-layer shape inputs.
+BUILDER_VERSION = 12
 OPSET = 17
 MS = "com.microsoft"
 _NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int8): TensorProto.INT8}
@@ -138,47 +140,51 @@ class _Graph:
         parts += [self.switch(flag, build, empty) for flag, build in rest]
         return self.op("Concat", parts, axis=0)
 
-    def attention(self, x: str, bn: str, bias: str, layer: int, k: int | None) -> str:
+    def attention(self, x: str, shape: str, bias: str, layer: int, k: int | None) -> str:
         """LN(x + W_O·Attn(x) + b_O) over the first k heads; LN(x + b_O) when k = 0.  (B*N, D)
 
-        ``k=None``: the head count is decided per call; the sliced weights and the shapes [k, 3, dh] and
-        [B*N, k*dh] are graph inputs (``store.input_names``), not initializers.
+        ``shape``: ``qkv_shape``'s output. ``k=None``: the head count is decided per call; the sliced weights are
+        graph inputs (``store.input_names``), not initializers.
         """
-        own, dh = layer_names(layer), self.cfg.head_dim
+        own = layer_names(layer)
         if k == 0:  # fp32: x already carries b_O (weights.fold_residual_biases)
             return self.norm(x if self.fold else self.op("Add", [own.bo, x]), own.ln1_g, own.ln1_b)
         n = input_names(layer) if k is None else layer_names(layer, heads=k)
         qkv = self.linear(x, n.wqkv, n.bqkv, n.wqkv_s, trans_b=not self.spec.qkv_by_columns)  # (B*N, 3*k*dh)
-        heads = n.heads if k is None else self.const(n.heads, np.array([k, 3, dh], np.int64))
-        flat = n.flat if k is None else self.const(n.flat, np.array([-1, k * dh], np.int64))
-        ctx = self.attend(qkv, bn, bias, heads, flat)  # (B*N, k*dh)
+        ctx = self.attend(qkv, shape, bias)  # (B*N, k*dh)
         o = self.residual_out(ctx, n.wo, own.bo, own.wo_s, x)  # x + W_O ctx + b_O: (B*N, D)
         return self.norm(o, own.ln1_g, own.ln1_b)
 
-    def attention_level(self, x: str, bn: str, bias: str, layer: int, lo: int) -> str:
+    def attention_level(self, x: str, shape: str, bias: str, layer: int, lo: int) -> str:
         """The attention block at the packed prefix of ``lo`` heads (initializers) plus the rest of the plan's
         heads (the per-call inputs): their Q/K/V side by side, one attention core, W_O split by rows.  (B*N, D)"""
         own, dh, n, lv = layer_names(layer), self.cfg.head_dim, input_names(layer), layer_names(layer, heads=lo)
         by_rows = not self.spec.qkv_by_columns
         qkv = self.op("Concat", [self.linear(x, lv.wqkv, lv.bqkv, lv.wqkv_s, trans_b=by_rows),
                                  self.linear(x, n.wqkv, n.bqkv, n.wqkv_s, trans_b=by_rows)], axis=1)
-        ctx = self.attend(qkv, bn, bias, n.heads, n.flat)  # (B*N, (lo + rest)*dh)
+        ctx = self.attend(qkv, shape, bias)  # (B*N, (lo + rest)*dh)
         cut, axis = self.const(f"cut_k{lo}", np.array([lo * dh], np.int64)), self.const("axis_1", np.array([1], np.int64))
         first = self.op("Slice", [ctx, self.const("start_0", np.array([0], np.int64)), cut, axis])
         rest = self.op("Slice", [ctx, cut, self.const("end_max", np.array([2**62], np.int64)), axis])
         o = self.residual_out(rest, n.wo, "", own.wo_s, self.residual_out(first, lv.wo, own.bo, own.wo_s, x))
         return self.norm(o, own.ln1_g, own.ln1_b)
 
-    def attend(self, qkv: str, bn: str, bias: str, heads: str, flat: str) -> str:
+    def qkv_shape(self, bn: str) -> str:
+        """(B, N, -1, 3, dh): Q/K/V by head, the head count left for Reshape to infer. One per graph, shared by
+        every layer whatever its head count, so that no layer needs a shape of its own (a node or an input)."""
+        rest = self.const("rest_3_dh", np.array([-1, 3, self.cfg.head_dim], np.int64))
+        return self.op("Concat", [bn, rest], axis=0)
+
+    def attend(self, qkv: str, shape: str, bias: str) -> str:
         """softmax(Q K^T / sqrt(dh) + mask) V per head, from Q/K/V (B*N, k*3*dh) to (B*N, k*dh)."""
-        qkv = self.op("Reshape", [qkv, self.op("Concat", [bn, heads], axis=0)])  # (B, N, k, 3, dh)
+        qkv = self.op("Reshape", [qkv, shape])  # (B, N, k, 3, dh)
         qkv = self.op("Transpose", [qkv], perm=[3, 0, 2, 1, 4])  # (3, B, k, N, dh)
         q, kk, v = self.op("Split", [qkv], n_out=3, axis=0).split(",")  # each (1, B, k, N, dh)
         scale = 1.0 / math.sqrt(self.cfg.head_dim)
         scores = self.op("FusedMatMul", [q, kk], domain=MS, transB=1, alpha=scale)  # (1,B,k,N,N)
         probs = self.op("Softmax", [self.op("Add", [scores, bias])], axis=-1)
         ctx = self.op("Transpose", [self.op("MatMul", [probs, v])], perm=[0, 1, 3, 2, 4])  # (1, B, N, k, dh)
-        return self.op("Reshape", [ctx, flat])  # (B*N, k*dh)
+        return self.op("Flatten", [ctx], axis=3)  # (B*N, k*dh)
 
     def ffn(self, x: str, layer: int, w: int | None, last: bool) -> str:
         """LN(x + W2·GELU(W1·x + b1) + b2) over the first w neurons, exact (erf) GELU; LN(x + b2) when w = 0.
@@ -310,11 +316,11 @@ def build_graph(cfg: ModelConfig, plan: ExecutionPlan, precision: Precision, arr
     """The whole classifier for ``plan`` (heads and feed-forward widths); weights are placeholders named as ``bind``."""
     g = _Graph(cfg, precision)
     bn = g.op("Shape", ["input_ids"])  # (2,) = [B, N]
-    bias = g.mask_bias("attention_mask")
+    bias, shape = g.mask_bias("attention_mask"), g.qkv_shape(bn)
     x = g.embed("input_ids")
     run = run_layers(cfg, plan)
     for layer, (k, w) in enumerate(run):
-        x = g.ffn(g.attention(x, bn, bias, layer, k), layer, w, last=layer == len(run) - 1)
+        x = g.ffn(g.attention(x, shape, bias, layer, k), layer, w, last=layer == len(run) - 1)
     logits = g.classify(x, bn, "attention_mask", CLASSIFIER if plan.depth is None else exit_head(plan.depth))  # (B, C)
     return _model(g, [_IDS, _MASK], {"logits": logits}, arrays)
 
@@ -337,7 +343,7 @@ def build_dynamic(cfg: ModelConfig, precision: Precision, arrays: Arrays, levels
     """
     g = _Graph(cfg, precision)
     bn = g.op("Shape", ["input_ids"])  # (2,) = [B, N]
-    bias = g.mask_bias("attention_mask")
+    bias, shape = g.mask_bias("attention_mask"), g.qkv_shape(bn)
     x = g.embed("input_ids")
     inputs = [_IDS, _MASK]
     spec = PRECISIONS[precision]
@@ -348,14 +354,13 @@ def build_dynamic(cfg: ModelConfig, precision: Precision, arrays: Arrays, levels
         n, last = input_names(layer), layer == n_layers - 1
         inputs += [] if fed else [info(n.full, TensorProto.BOOL, [])]
         inputs += [info(n.wqkv, wtype, [None, None]), info(n.bqkv, TensorProto.FLOAT, [None]),
-                   info(n.wo, wtype, [None, cfg.hidden_size]),
-                   info(n.heads, TensorProto.INT64, [3]), info(n.flat, TensorProto.INT64, [2])]
+                   info(n.wo, wtype, [None, cfg.hidden_size])]
         if spec.quantized:
             inputs.append(info(n.wqkv_s, TensorProto.FLOAT, [None]))
-        att = partial(_Graph.attention, x=x, bn=bn, bias=bias, layer=layer)
+        att = partial(_Graph.attention, x=x, shape=shape, bias=bias, layer=layer)
         x = att(g, k=None) if fed else _block(
             g, inputs, n.full, partial(att, k=cfg.n_heads), partial(att, k=None),
-            [(level_input(layer, lv, heads=True), partial(_Graph.attention_level, x=x, bn=bn, bias=bias,
+            [(level_input(layer, lv, heads=True), partial(_Graph.attention_level, x=x, shape=shape, bias=bias,
                                                           layer=layer, lo=lv)) for lv in levels.heads],
             level_input(layer, 0, heads=True))
         if not cfg.ffn_groups:  # attention scope: every neuron, every budget

@@ -135,7 +135,7 @@ def _present(record: Any) -> Arrays:
 # -- names --------------------------------------------------------------------------------------------
 CLASSIFIER, POOLER = "cls", "pool"
 W1_Z = "w1_z"  # one vector of zero points for the whole store, sliced with each layer's neurons
-_HEAD_SLICED = frozenset({"wqkv", "bqkv", "wo", "wqkv_s", "heads", "flat"})
+_HEAD_SLICED = frozenset({"wqkv", "bqkv", "wo", "wqkv_s"})
 _NEURON_SLICED = frozenset({"w1", "b1", "w2", "w1_s", W1_Z})
 
 
@@ -187,8 +187,6 @@ class LayerNames:
     w1_s: str
     w2_s: str
     w1_z: str
-    heads: str
-    flat: str
 
 
 def layer_names(layer: int, heads: int | None = None, neurons: int | None = None) -> LayerNames:
@@ -210,15 +208,13 @@ def layer_names(layer: int, heads: int | None = None, neurons: int | None = None
 @dataclass(frozen=True)
 class InputNames:
     """The all-budget graph's per-call inputs for one layer (``onnx_graph.build_dynamic``): whether the layer
-    runs all its heads (neurons), the If branch with prepacked weights, else the prefix slices and shapes."""
+    runs all its heads (neurons), the If branch with prepacked weights, else the prefix slices."""
 
     full: str
     wqkv: str
     bqkv: str
     wo: str
     wqkv_s: str
-    heads: str
-    flat: str
     ffn_full: str
     w1: str
     b1: str
@@ -231,7 +227,7 @@ def input_names(layer: int) -> InputNames:
     """The per-call input names of layer ``layer`` in the all-budget graph."""
     p, own = f"l{layer}.", layer_names(layer)
     return InputNames(full=p + "full", wqkv=own.wqkv, bqkv=own.bqkv, wo=own.wo, wqkv_s=own.wqkv_s,
-                      heads=own.heads, flat=own.flat, ffn_full=p + "ffn_full", w1=p + "ffn_w1", b1=p + "ffn_b1",
+                      ffn_full=p + "ffn_full", w1=p + "ffn_w1", b1=p + "ffn_b1",
                       w2=p + "ffn_w2", w1_s=p + "ffn_w1_s", w1_z=p + "ffn_w1_z")
 
 
