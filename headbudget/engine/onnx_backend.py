@@ -118,7 +118,8 @@ class OnnxEngine(EngineBase):
         self._run_options = ort.RunOptions()
         self._shrink = ort.RunOptions()  # the arena frees its unused regions when a run with these ends
         self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
-        self._feeds: dict[Hashable, dict[str, Any]] = {}  # plan.key -> the dynamic session's per-plan inputs
+        # plan.key -> the session that runs it and its per-plan inputs, chosen and made on the plan's first call
+        self._runs: dict[Hashable, tuple[Runner, dict[str, Any]]] = {}
         self._keep: list[np.ndarray] = []  # arrays behind cached feed OrtValues
         # The "dynamic" layout's sessions, by (exit depth (None: all layers), whether it is the graph without
         # branches for small plans).
@@ -183,37 +184,32 @@ class OnnxEngine(EngineBase):
                              lambda: G.build_graph(c, plan, p, arrays), prepack=prepack)
 
     def _runner(self, plan: ExecutionPlan) -> tuple[Runner, dict[str, Any]]:
-        """The session that runs ``plan`` and its cached feed dict (reused in place: one engine, one thread)."""
-        if self.layout == "dynamic" and plan.key not in self._prepacked:
-            return self._dynamic(plan)
-        # Here: a prepacked budget, or any plan of the "whole" layout.
-        sess = self._whole(plan, prepack=plan.key in self._prepacked)
-        feeds = self._feeds.get(("own", plan.key))
-        if feeds is None:
-            feeds = self._feeds[("own", plan.key)] = {}
-        return sess, feeds
+        """The session that runs ``plan`` and its feed dict, cached per plan (the dict is reused in place: one
+        engine, one thread)."""
+        run = self._runs.get(plan.key)
+        if run is None:
+            if self.layout == "dynamic" and plan.key not in self._prepacked:
+                run = self._dynamic(plan)
+            else:  # a prepacked budget, or any plan of the "whole" layout
+                run = self._whole(plan, prepack=plan.key in self._prepacked), {}
+            self._runs[plan.key] = run
+        return run
 
     def _dynamic(self, plan: ExecutionPlan) -> tuple[Runner, dict[str, Any]]:
-        """The all-budget session of the plan's depth (every layer, or those below its exit: one per exit used)
-        and the plan's per-call inputs (cached)."""
+        """The all-budget session of the plan's depth (every layer, or those below its exit: one per exit used),
+        with or without branches, and the plan's per-call inputs."""
         c, p, depth = self.cfg, self.precision, plan.depth
         fed = B.runs_fed(c, plan, self._fed_up_to)
         sess = self._dyn.get((depth, fed))
         if sess is None:
             levels = self.levels
-            if fed:
-                init = B.fed_arrays(self.store, c, depth)
-            else:
-                init = B.dynamic_arrays(self.store, c, self._slices, levels, depth)
+            init = B.dynamic_arrays(self.store, c, self._slices, levels, depth, fed)
             name = ("fed" if fed else "dynamic") + ("" if depth is None else f"-d{depth}")
             sess = self._dyn[depth, fed] = self._session(
                 name, name, init, lambda: G.build_dynamic(c, p, init, levels, depth, fed), prepack=True)
-        feeds = self._feeds.get(plan.key)
-        if feeds is None:
-            arrays = B.dynamic_feeds(self.store, c, plan, self._slices, self.levels, fed)
-            self._keep.extend(arrays.values())
-            feeds = self._feeds[plan.key] = {n: sess.value(a) for n, a in arrays.items()}
-        return sess, feeds
+        arrays = B.dynamic_feeds(self.store, c, plan, self._slices, self.levels, fed)
+        self._keep.extend(arrays.values())
+        return sess, {n: sess.value(a) for n, a in arrays.items()}
 
     # -- EngineBase -------------------------------------------------------------------------------------
     def make_plan(self, budget: float) -> ExecutionPlan:
@@ -254,7 +250,7 @@ class OnnxEngine(EngineBase):
 
     def close(self) -> None:
         self._dyn.clear()
-        self._feeds.clear()
+        self._runs.clear()
         self._sessions.clear()
         self._values.clear()
 

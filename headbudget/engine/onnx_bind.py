@@ -1,8 +1,8 @@
 """The arrays the engine's ONNX graphs name, as views of one weight store: initializers and per-call inputs.
 
-``bind`` gives a plan's own graph (``onnx_graph.build_graph``) its initializers, ``dynamic_arrays`` (or
-``fed_arrays``, for the graph without branches) and ``dynamic_feeds`` the all-budget graph's
-(``onnx_graph.build_dynamic``) initializers and a plan's per-call inputs. A plan keeps the first heads (neurons) of each layer's rank order, so its arrays are row prefixes of
+``bind`` gives a plan's own graph (``onnx_graph.build_graph``) its initializers, ``dynamic_arrays`` and
+``dynamic_feeds`` the all-budget graph's (``onnx_graph.build_dynamic``) initializers and a plan's per-call
+inputs. A plan keeps the first heads (neurons) of each layer's rank order, so its arrays are row prefixes of
 the store's: numpy views, one copy of every weight for all budgets. The exception is int8 Q/K/V, stored
 (D, H*3*dh): a head prefix is a column copy, made once per (layer, heads) in the engine's ``SliceCache``.
 """
@@ -186,33 +186,17 @@ def bind(store: WeightStore, cfg: ModelConfig, plan: ExecutionPlan, cache: Slice
 
 
 def dynamic_arrays(store: WeightStore, cfg: ModelConfig, cache: SliceCache, levels: Levels,
-                   depth: int | None = None) -> Arrays:
+                   depth: int | None = None, fed: bool = False) -> Arrays:
     """The initializers of ``build_dynamic`` (``depth``: its graph for the plans that stop at that exit): all but
     the per-call slices.
 
     The full-width attention weights (``l{l}.wqkv.k{H}`` ...) are initializers of the If branch that runs a
     layer at all its heads: views of the store (int8 Q/K/V: a copy), prepacked by that branch's kernels. The
     full feed-forward matrices (``l{l}.w1`` ...) likewise, and each packed level's prefix (``.k{L}``, ``.n{L}``)
-    in the branch that runs that level and the rest.
+    in the branch that runs that level and the rest. ``fed`` (the graph without branches): none of those, only
+    what every plan shares (embeddings, norms, the answering head, the output scales; attention scope: the full
+    feed-forward block).
     """
-    n_layers = cfg.n_layers if depth is None else depth
-    out = _shared(store, CLASSIFIER if depth is None else exit_head(depth))
-    folded = PRECISIONS[store.precision].folds_residual_biases
-    for layer, lw in enumerate(store.layers[:n_layers]):
-        out.update(_full_ffn(store, layer))
-        _put(out, layer_names(layer).wo_s, lw.wo_s)
-        out.update(_norms(lw, layer, folded, last=layer == n_layers - 1))
-        for k in (*levels.heads, cfg.n_heads):
-            out.update(_sliced(store, layer, k, cfg.head_dim, cache))
-        for w in levels.neurons:
-            out.update(_ffn_sliced(store, layer, w))
-    return out
-
-
-def fed_arrays(store: WeightStore, cfg: ModelConfig, depth: int | None = None) -> Arrays:
-    """The initializers of ``build_dynamic(fed=True)``: what every plan shares (embeddings, norms, the answering
-    head, the output scales); every block's weights are per-call inputs (attention scope: its full feed-forward
-    block stays an initializer)."""
     n_layers = cfg.n_layers if depth is None else depth
     out = _shared(store, CLASSIFIER if depth is None else exit_head(depth))
     folded = PRECISIONS[store.precision].folds_residual_biases
@@ -220,10 +204,16 @@ def fed_arrays(store: WeightStore, cfg: ModelConfig, depth: int | None = None) -
         n = layer_names(layer)
         out.update(_norms(lw, layer, folded, last=layer == n_layers - 1))
         _put(out, n.wo_s, lw.wo_s)
-        if cfg.ffn_groups:
+        if fed and cfg.ffn_groups:
             _put(out, n.w2_s, lw.w2_s)
-        else:
-            out.update(_full_ffn(store, layer))
+            continue
+        out.update(_full_ffn(store, layer))
+        if fed:
+            continue
+        for k in (*levels.heads, cfg.n_heads):
+            out.update(_sliced(store, layer, k, cfg.head_dim, cache))
+        for w in levels.neurons:
+            out.update(_ffn_sliced(store, layer, w))
     return out
 
 
