@@ -144,8 +144,7 @@ class EngineBase:
         return plan
 
     def count_tokens(self, texts: Sequence[str]) -> list[tuple[int, bool]]:
-        enc = self.encoder.encode(check_texts(texts))
-        return [(len(ids), cut) for ids, cut in zip(enc.ids, enc.truncated, strict=True)]
+        return tokenized(self.encoder, texts, None).counts()
 
     def meter(self) -> TokenMeter:
         # A tokenizer of its own: the Meter is called from other threads while this engine runs.

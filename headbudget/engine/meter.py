@@ -28,8 +28,7 @@ class TokenMeter:
         self._costs: dict[tuple[float, int], Cost] = {}
 
     def count_tokens(self, texts: Sequence[str]) -> list[tuple[int, bool]]:
-        enc = self.tokenize(texts)
-        return [(len(ids), cut) for ids, cut in zip(enc.ids, enc.truncated, strict=True)]
+        return self.tokenize(texts).counts()
 
     def tokenize(self, texts: Sequence[str]) -> Tokens:
         with self._lock:

@@ -50,6 +50,10 @@ class Tokens:
     ids: list[list[int]]
     truncated: list[bool]
 
+    def counts(self) -> list[tuple[int, bool]]:
+        """(tokens after truncation, truncated?) per text."""
+        return [(len(ids), cut) for ids, cut in zip(self.ids, self.truncated, strict=True)]
+
 
 @dataclass(frozen=True)
 class Prediction:

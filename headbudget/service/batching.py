@@ -348,7 +348,7 @@ def _tokens(batch: Sequence[Job]) -> tuple[Tokens | None, float]:
     """The batch's token ids where admission tokenized every request of it, and the CPU time that took; else
     (None, 0): the engine tokenizes the batch (requests of an unmetered tier share batches with priced ones)."""
     if len(batch) == 1:
-        return batch[0].token_ids, batch[0].tokenize_cpu_s if batch[0].token_ids is not None else 0.0
+        return batch[0].token_ids, batch[0].tokenize_cpu_s  # 0.0 where admission did not tokenize
     parts = [j.token_ids for j in batch]
     if any(e is None for e in parts):
         return None, 0.0

@@ -123,7 +123,7 @@ def quote(meter: Meter, unit: ComputeUnit, texts: Sequence[str], budget: float) 
     started = time.thread_time()
     enc = meter.tokenize(texts)
     cpu_s = time.thread_time() - started
-    tokens = tuple((len(ids), cut) for ids, cut in zip(enc.ids, enc.truncated, strict=True))
+    tokens = tuple(enc.counts())
     return Quote(budget, tokens, tuple(unit.milli(meter.cost(budget, n).total_macs) for n, _ in tokens), enc, cpu_s)
 
 
