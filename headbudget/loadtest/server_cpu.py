@@ -66,6 +66,16 @@ def step(srv: Server, send: Any) -> dict[str, Any]:
             "non_engine_ms_per_request": cpu["other_cpu_ms_per_request"]}
 
 
+def rounds_of(srv: Server, budgets: list[float], rounds: int, send: Any) -> list[dict[str, Any]]:
+    """``rounds`` rounds, each a step per budget in that round's order; ``send(budget)`` runs one step."""
+    out = []
+    for i in range(rounds):
+        ordered = order(budgets, i)
+        out.append({"order": [str(b) for b in ordered],
+                    "steps": {str(b): step(srv, lambda b=b: send(b)) for b in ordered}})
+    return out
+
+
 def sequential(srv: Server, texts: list[str], budgets: list[float], rounds: int) -> list[dict[str, Any]]:
     """Rounds of batch-1 requests one after another, ``texts`` at each budget."""
     conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
@@ -79,9 +89,7 @@ def sequential(srv: Server, texts: list[str], budgets: list[float], rounds: int)
         for b in budgets:  # warm the connection, the sessions and the server's caches
             for t in texts[:10]:
                 post_classify(conn, t, b)
-        return [{"order": [str(b) for b in order(budgets, i)],
-                 "steps": {str(b): step(srv, lambda b=b: send(b)) for b in order(budgets, i)}}
-                for i in range(rounds)]
+        return rounds_of(srv, budgets, rounds, send)
     finally:
         conn.close()
 
@@ -95,9 +103,7 @@ def loaded(srv: Server, texts: list[str], budgets: list[float], rounds: int, use
         return int(r["codes"].get("200", 0)), r["codes"]
 
     asyncio.run(closed_loop(srv.url, texts[:50], budgets, users, min(2.0, seconds)))  # warm-up, every budget
-    return [{"order": [str(b) for b in order(budgets, i)],
-             "steps": {str(b): step(srv, lambda b=b: send(b)) for b in order(budgets, i)}}
-            for i in range(rounds)]
+    return rounds_of(srv, budgets, rounds, send)
 
 
 def summary(budgets: list[float], rounds: list[dict[str, Any]]) -> dict[str, Any]:
