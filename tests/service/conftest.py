@@ -63,6 +63,12 @@ async def running_app(config: ServiceConfig | None = None, engine: FakeEngine | 
             yield client, app, engine
 
 
+async def held(engine: FakeEngine) -> None:
+    """Until the engine holds a batch at its gate (``FakeEngine.entered``)."""
+    if not await asyncio.to_thread(engine.entered.wait, 10):
+        raise AssertionError("no request reached the engine")
+
+
 async def queued_behind_first(engine: FakeEngine, first_budget: float, budgets: list[float | str],
                               max_wait_ms: float = 50) -> list[httpx.Response]:
     """One request at ``first_budget`` whose batch the engine holds, then one request per budget queued behind
@@ -71,7 +77,7 @@ async def queued_behind_first(engine: FakeEngine, first_budget: float, budgets: 
     async with running_app(make_config(max_wait_ms=max_wait_ms), engine=engine) as (client, _, _):
         first = asyncio.create_task(client.post(f"/classify?budget={first_budget}", json={"text": "first"},
                                                 headers=headers()))
-        await asyncio.sleep(0.1)
+        await held(engine)
         tasks = [asyncio.create_task(client.post(f"/classify?budget={b}", json={"text": f"t{i}"},
                                                  headers=headers()))
                  for i, b in enumerate(budgets)]
@@ -85,8 +91,7 @@ async def first_then_queued(engine: FakeEngine, n: int,
     """``n`` requests: the first until the engine holds its batch (planned alone, with nothing queued behind it:
     on a slow machine all ``n`` could otherwise reach the queue before the first plan), then the rest behind it."""
     first = asyncio.create_task(send())
-    if not await asyncio.to_thread(engine.entered.wait, 10):
-        raise AssertionError("the first request never reached the engine")
+    await held(engine)
     rest = [asyncio.create_task(send()) for _ in range(n - 1)]
     await asyncio.sleep(0.2)
     return [first, *rest]
