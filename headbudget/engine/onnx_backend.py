@@ -124,7 +124,6 @@ class OnnxEngine(EngineBase):
         # The "dynamic" layout's sessions, by (exit depth (None: all layers), whether it is the graph without
         # branches for small plans).
         self._dyn: dict[tuple[int | None, bool], Runner] = {}
-        self._fed_up_to = PRECISIONS[self.precision].fed_up_to
         self._logits = ["logits"]
         # Plans with a prepacked session of their own (EngineOptions.prepacked_budgets, and with a decider the
         # budgets auto runs most); a plan that runs every layer whole needs none: the all-budget session's
@@ -199,7 +198,7 @@ class OnnxEngine(EngineBase):
         """The all-budget session of the plan's depth (every layer, or those below its exit: one per exit used),
         with or without branches, and the plan's per-call inputs."""
         c, p, depth = self.cfg, self.precision, plan.depth
-        fed = B.runs_fed(c, plan, self._fed_up_to)
+        fed = B.runs_fed(c, plan, PRECISIONS[p].fed_up_to)
         sess = self._dyn.get((depth, fed))
         if sess is None:
             levels = self.levels
