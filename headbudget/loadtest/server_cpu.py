@@ -7,12 +7,14 @@ Each run goes in rounds; a round sends every budget in turn (``--requests`` text
 order rotated round by round so that drift in the machine's speed hits every budget alike. CPU comes from the
 server's own counters around each step (``service_bench.server_cpu_s``): its processes' CPU time and its forward
 passes' (``headbudget_engine_cpu_seconds_total``); what is left is what serving costs around the engine. Per
-budget, each part is the median over rounds, and the total is their sum.
+budget, each part is the median over rounds, and the total is their sum. ``loop_thread_ms_per_request`` is the
+CPU of the threads that run the event loops (the processes' main threads), read from their own clocks: HTTP,
+admission and answers, and the tokenizing of priced requests, which the engine's counter holds.
 
 The tiers meter compute, as every shipped config does (``--unmetered``: request rate only), and every budget is
 a tier's default. The file's top level holds the sequential run's figures (``workers``, ``cpu_ms_per_request``,
-``engine_ms_per_request``, ``non_engine_ms_per_request``: maps from budget to milliseconds); ``runs`` holds both
-runs with their rounds.
+``engine_ms_per_request``, ``non_engine_ms_per_request``, ``loop_thread_ms_per_request``: maps from budget to
+milliseconds); ``runs`` holds both runs with their rounds.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from headbudget.loadtest.service_bench import (
     bench_texts,
     closed_loop,
     cpu_per_request,
+    loop_cpu_s,
     post_classify,
     server_cpu_s,
 )
@@ -59,11 +62,15 @@ def order(budgets: list[float], i: int) -> list[float]:
 def step(srv: Server, send: Any) -> dict[str, Any]:
     """CPU of the server over one step; ``send()`` runs the step and returns (answered, codes)."""
     before = server_cpu_s(srv, start=True)
+    loop_before = loop_cpu_s(srv)
     answered, codes = send()
+    loop_after = loop_cpu_s(srv)
     cpu = cpu_per_request(before, server_cpu_s(srv), max(1, answered))
+    loop = (loop_after - loop_before) * 1e3 / max(1, answered) if loop_before is not None and loop_after is not None \
+        else None
     return {"answered": answered, "codes": codes, "cpu_ms_per_request": cpu["cpu_ms_per_request"],
             "engine_ms_per_request": cpu["engine_cpu_ms_per_request"],
-            "non_engine_ms_per_request": cpu["other_cpu_ms_per_request"]}
+            "non_engine_ms_per_request": cpu["other_cpu_ms_per_request"], "loop_thread_ms_per_request": loop}
 
 
 def rounds_of(srv: Server, budgets: list[float], rounds: int, send: Any) -> list[dict[str, Any]]:
@@ -113,9 +120,11 @@ def summary(budgets: list[float], rounds: list[dict[str, Any]]) -> dict[str, Any
     engine = {b: statistics.median(r["steps"][b]["engine_ms_per_request"] for r in rounds) for b in keys}
     other = {b: statistics.median(r["steps"][b]["non_engine_ms_per_request"] for r in rounds) for b in keys}
     total = {b: engine[b] + other[b] for b in keys}
+    loops = {b: [r["steps"][b]["loop_thread_ms_per_request"] for r in rounds] for b in keys}
+    loop = {b: statistics.median(v) if None not in v else None for b, v in loops.items()}
     ratio = total["0.25"] / total["1.0"] if "0.25" in total and "1.0" in total and total["1.0"] > 0 else None
     return {"cpu_ms_per_request": total, "engine_ms_per_request": engine, "non_engine_ms_per_request": other,
-            "b025_over_b1": ratio,
+            "loop_thread_ms_per_request": loop, "b025_over_b1": ratio,
             "n_requests": sum(s["answered"] for r in rounds for s in r["steps"].values()),
             "non_200": sum(n for r in rounds for s in r["steps"].values() for c, n in s["codes"].items() if c != "200")}
 
@@ -177,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = measure(args.model, texts, budgets, args.precision, args.rounds, not args.unmetered, args.load_workers,
                    args.users, args.seconds)
     headline = {k: runs[0][k] for k in ("workers", "cpu_ms_per_request", "engine_ms_per_request",
-                                           "non_engine_ms_per_request", "b025_over_b1")}
+                                           "non_engine_ms_per_request", "loop_thread_ms_per_request", "b025_over_b1")}
     doc = {"precision": args.precision, "model": str(args.model), "metered": not args.unmetered,
            "budgets": [str(b) for b in budgets], **headline, "runs": runs,
            "n_requests": sum(r["n_requests"] for r in runs), "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"),

@@ -152,6 +152,26 @@ def _cpu_clock_s(pid: int) -> float:
     return time.clock_gettime(((~pid) << 3) | 2)  # CPUCLOCK_SCHED of the whole process
 
 
+def loop_cpu_s(srv: Server) -> float | None:
+    """CPU seconds so far of the server's processes' main threads, where each worker runs its event loop (with
+    several workers, the supervisor's main thread too, which is idle); the rest runs on other threads, the engine's
+    above all. None where no thread's CPU time can be read (not Linux)."""
+    import psutil
+
+    root = psutil.Process(srv.proc.pid)
+    total, read = 0.0, False
+    for proc in [root, *root.children(recursive=True)]:
+        # A main thread's id is its process's. Its CPU clock is readable from its own process only; schedstat's
+        # first field is the same count (nanoseconds on a CPU), where the 10 ms ticks of stat would be too coarse.
+        try:
+            with open(f"/proc/{proc.pid}/task/{proc.pid}/schedstat", encoding="ascii") as f:
+                total += int(f.read().split()[0]) / 1e9
+            read = True
+        except OSError:  # the process ended (or a kernel without schedstat)
+            continue
+    return total if read else None
+
+
 def _engine_cpu_s(srv: Server) -> float:
     text = httpx.get(f"{srv.url}/metrics", timeout=10).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()

@@ -32,7 +32,8 @@ def test_writes_cpu_per_request_by_budget_for_both_runs(smoke_checkpoint: Path, 
     assert doc["precision"] == "int8" and doc["metered"] is True and doc["budgets"] == ["1.0", "0.25"]
     assert {"cpu", "date", "commit", "command"} <= set(doc) and "--budgets 1.0,0.25" in doc["command"]
     seq, load = doc["runs"]
-    for key in ("workers", "cpu_ms_per_request", "engine_ms_per_request", "non_engine_ms_per_request"):
+    for key in ("workers", "cpu_ms_per_request", "engine_ms_per_request", "non_engine_ms_per_request",
+                "loop_thread_ms_per_request"):
         assert doc[key] == seq[key]  # the top level: the sequential run's figures, by budget
     assert (seq["workers"], seq["clients"], seq["mode"]) == (1, 1, "sequential")
     assert (load["workers"], load["mode"]) == (2, "closed_loop") and load["clients"] == 2
@@ -46,8 +47,12 @@ def test_writes_cpu_per_request_by_budget_for_both_runs(smoke_checkpoint: Path, 
             for s in steps:  # each step's parts add up
                 assert s["cpu_ms_per_request"] == pytest.approx(s["engine_ms_per_request"] + s["non_engine_ms_per_request"])
                 assert s["engine_ms_per_request"] > 0
+                # the event loops' threads are part of the server's CPU, read inside the same window
+                assert 0 < s["loop_thread_ms_per_request"] < s["cpu_ms_per_request"]
             assert run["non_engine_ms_per_request"][b] == statistics.median(s["non_engine_ms_per_request"] for s in steps)
             assert run["engine_ms_per_request"][b] == statistics.median(s["engine_ms_per_request"] for s in steps)
+            assert run["loop_thread_ms_per_request"][b] == statistics.median(
+                s["loop_thread_ms_per_request"] for s in steps)
             assert run["cpu_ms_per_request"][b] == pytest.approx(
                 run["engine_ms_per_request"][b] + run["non_engine_ms_per_request"][b])
         assert run["b025_over_b1"] == pytest.approx(run["cpu_ms_per_request"]["0.25"] / run["cpu_ms_per_request"]["1.0"])
