@@ -50,6 +50,9 @@ class SliceCache:
 
     # (layer, first head, end head) -> int8 Q/K/V columns of those heads (a prefix, or the rest above a level)
     qkv: dict[tuple[int, int, int], np.ndarray] = field(default_factory=dict)
+    # (layer, width) -> int8 W1 of that neuron prefix as (D, w) columns, for the graph without branches
+    # (PrecisionSpec.fed_w1_by_columns). Bounded by the policy's plans: every width a fed plan gives a layer.
+    w1_columns: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     idle_heads: _Idle | None = None
     idle_neurons: _Idle | None = None
 
@@ -166,6 +169,13 @@ def _ffn_sliced(store: WeightStore, layer: int, w: int, lo: int = 0) -> Arrays:
     return out
 
 
+def _w1_columns(store: WeightStore, layer: int, w: int, cache: SliceCache) -> np.ndarray:
+    """W1 of the first ``w`` neurons as (D, w) columns: one copy per (layer, w), shared by every plan."""
+    if (layer, w) not in cache.w1_columns:
+        cache.w1_columns[layer, w] = np.ascontiguousarray(store.layers[layer].w1[:w].T)
+    return cache.w1_columns[layer, w]
+
+
 def bind(store: WeightStore, cfg: ModelConfig, plan: ExecutionPlan, cache: SliceCache) -> Arrays:
     """Every initializer the graph for ``plan`` names, as arrays backed by ``store`` (or ``cache``)."""
     # A plan that stops at an exit answers with that exit's head.
@@ -248,6 +258,7 @@ def dynamic_feeds(store: WeightStore, cfg: ModelConfig, plan: ExecutionPlan, cac
     idle_heads, idle_neurons = _idle(cfg, store, cache)
     out: Arrays = {}
     widths = plan.ffn_widths(full_width)
+    columns = fed and PRECISIONS[store.precision].fed_w1_by_columns  # W1 as (D, w), no zero points
     if fed:  # no branches: every block's units come from these inputs, a full block's included
         levels = Levels()
     for layer, k in enumerate(plan.heads[: plan.layers_run]):
@@ -283,11 +294,15 @@ def dynamic_feeds(store: WeightStore, cfg: ModelConfig, plan: ExecutionPlan, cac
         if lo < w and not branch:
             own = layer_names(layer, neurons=w)
             sliced = _ffn_sliced(store, layer, w, lo)
-            out |= {n.w1: sliced[own.w1], n.b1: sliced[own.b1], n.w2: sliced[own.w2]}
+            out |= {n.w1: _w1_columns(store, layer, w, cache) if columns else sliced[own.w1], n.b1: sliced[own.b1],
+                    n.w2: sliced[own.w2]}
             if quantized:
-                out[n.w1_s], out[n.w1_z] = sliced[own.w1_s], sliced[own.w1_z]
-        else:
-            out |= {n.w1: idle_neurons.w_in, n.b1: idle_neurons.bias, n.w2: idle_neurons.w_out}
+                out[n.w1_s] = sliced[own.w1_s]
+                _put(out, n.w1_z, None if columns else sliced[own.w1_z])
+        else:  # one zero row of W1 (1, D) is, reshaped, one zero column (D, 1)
+            out |= {n.w1: idle_neurons.w_in.reshape(-1, 1) if columns else idle_neurons.w_in, n.b1: idle_neurons.bias,
+                    n.w2: idle_neurons.w_out}
             if quantized:
-                out[n.w1_s], out[n.w1_z] = idle_neurons.scale, idle_neurons.zero
+                out[n.w1_s] = idle_neurons.scale
+                _put(out, n.w1_z, None if columns else idle_neurons.zero)
     return out

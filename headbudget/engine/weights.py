@@ -148,7 +148,10 @@ def w1_by_rows(cfg: ModelConfig) -> bool:
     unpacked B on every call. In the engine (A/B, three alternating processes per tree, 40 AG News texts,
     int8) that was within noise at the prepacked budgets and +5% at b = 0.75, which runs on the all-budget
     session; bought back in memory: the per-(layer, width) int8 copies of W1 were 21 MB over the 19 budgets of
-    the AG News checkpoint, 45% of one dense int8 session (docs/results.md, 'Findings and decisions').
+    the AG News checkpoint, 45% of one dense int8 session (docs/results.md, 'Findings and decisions'). The
+    graph without branches, whose plans feed every neuron, takes int8 W1 as such column copies after all
+    (``PrecisionSpec.fed_w1_by_columns``): only the widths of its small plans, and there the transposition was
+    most of what feeding W1 cost.
     """
     return cfg.gate.scope_spec.gates_ffn  # both precisions: one layout, one rule
 

@@ -149,6 +149,18 @@ def test_small_plans_run_one_graph_without_branches(tiny_model_scope_checkpoint:
     assert kinds == {True, False}
     graph = onnx.load(str(next(tmp_path.rglob("fed.onnx"))), load_external_data=False)
     assert graph.graph.node and not any(n.op_type == "If" for n in graph.graph.node)
+    # W1 as (D, w) columns where the precision says so (one copy per layer and width, whatever the plans), else
+    # the store's (w, D) rows
+    from headbudget.engine.store import input_names
+
+    columns = PRECISIONS[precision].fed_w1_by_columns  # type: ignore[index]
+    shapes = {i.name: [d.dim_value or None for d in i.type.tensor_type.shape.dim] for i in graph.graph.input}
+    assert shapes[input_names(0).w1] == ([cfg.hidden_size, None] if columns else [None, cfg.hidden_size])
+    copies = engine._slices.w1_columns  # type: ignore[attr-defined]  # noqa: SLF001
+    assert bool(copies) == columns
+    for (layer, w), a in copies.items():
+        assert a.shape == (cfg.hidden_size, w) and a.flags.c_contiguous
+        np.testing.assert_array_equal(a, engine.store.layers[layer].w1[:w].T)  # type: ignore[attr-defined]
 
 
 def test_int8_runs_and_mostly_agrees(tiny_model_scope_checkpoint: Path, reference: BudgetedClassifier,
