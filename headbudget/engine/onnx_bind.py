@@ -50,9 +50,9 @@ class SliceCache:
 
     # (layer, first head, end head) -> int8 Q/K/V columns of those heads (a prefix, or the rest above a level)
     qkv: dict[tuple[int, int, int], np.ndarray] = field(default_factory=dict)
-    # (layer, width) -> int8 W1 of that neuron prefix as (D, w) columns, for the graph without branches
-    # (PrecisionSpec.fed_w1_by_columns). Bounded by the policy's plans: every width a fed plan gives a layer.
-    w1_columns: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
+    # (layer, first neuron, end neuron) -> int8 W1 of those neurons as (D, w) columns, fed per call
+    # (PrecisionSpec.w1_fed_by_columns). Bounded by the policy's plans: the widths they give each layer.
+    w1_columns: dict[tuple[int, int, int], np.ndarray] = field(default_factory=dict)
     idle_heads: _Idle | None = None
     idle_neurons: _Idle | None = None
 
@@ -169,11 +169,11 @@ def _ffn_sliced(store: WeightStore, layer: int, w: int, lo: int = 0) -> Arrays:
     return out
 
 
-def _w1_columns(store: WeightStore, layer: int, w: int, cache: SliceCache) -> np.ndarray:
-    """W1 of the first ``w`` neurons as (D, w) columns: one copy per (layer, w), shared by every plan."""
-    if (layer, w) not in cache.w1_columns:
-        cache.w1_columns[layer, w] = np.ascontiguousarray(store.layers[layer].w1[:w].T)
-    return cache.w1_columns[layer, w]
+def _w1_columns(store: WeightStore, layer: int, lo: int, w: int, cache: SliceCache) -> np.ndarray:
+    """W1 of neurons ``lo`` to w as (D, w - lo) columns: one copy per (layer, lo, w), shared by every plan."""
+    if (layer, lo, w) not in cache.w1_columns:
+        cache.w1_columns[layer, lo, w] = np.ascontiguousarray(store.layers[layer].w1[lo:w].T)
+    return cache.w1_columns[layer, lo, w]
 
 
 def bind(store: WeightStore, cfg: ModelConfig, plan: ExecutionPlan, cache: SliceCache) -> Arrays:
@@ -258,7 +258,7 @@ def dynamic_feeds(store: WeightStore, cfg: ModelConfig, plan: ExecutionPlan, cac
     idle_heads, idle_neurons = _idle(cfg, store, cache)
     out: Arrays = {}
     widths = plan.ffn_widths(full_width)
-    columns = fed and PRECISIONS[store.precision].fed_w1_by_columns  # W1 as (D, w), no zero points
+    columns = PRECISIONS[store.precision].w1_fed_by_columns  # W1 as (D, w), no zero points
     if fed:  # no branches: every block's units come from these inputs, a full block's included
         levels = Levels()
     for layer, k in enumerate(plan.heads[: plan.layers_run]):
@@ -294,7 +294,7 @@ def dynamic_feeds(store: WeightStore, cfg: ModelConfig, plan: ExecutionPlan, cac
         if lo < w and not branch:
             own = layer_names(layer, neurons=w)
             sliced = _ffn_sliced(store, layer, w, lo)
-            out |= {n.w1: _w1_columns(store, layer, w, cache) if columns else sliced[own.w1], n.b1: sliced[own.b1],
+            out |= {n.w1: _w1_columns(store, layer, lo, w, cache) if columns else sliced[own.w1], n.b1: sliced[own.b1],
                     n.w2: sliced[own.w2]}
             if quantized:
                 out[n.w1_s] = sliced[own.w1_s]

@@ -186,22 +186,21 @@ class _Graph:
         ctx = self.op("Transpose", [self.op("MatMul", [probs, v])], perm=[0, 1, 3, 2, 4])  # (1, B, N, k, dh)
         return self.op("Flatten", [ctx], axis=3)  # (B*N, k*dh)
 
-    def ffn(self, x: str, layer: int, w: int | None, last: bool, w1_columns: bool = False) -> str:
+    def ffn(self, x: str, layer: int, w: int | None, last: bool) -> str:
         """LN(x + W2·GELU(W1·x + b1) + b2) over the first w neurons, exact (erf) GELU; LN(x + b2) when w = 0.
 
         ``last``: the layer's output is pooled (fp32 then norms with the plain beta, not the one that carries
         the next layer's b_O).
         ``w`` = I: the store's full matrices; 0 < w < I: the ``bind`` slices (``layer_names(.., neurons=w)``);
-        ``w=None``: the width is decided per call, the slices are graph inputs (``store.input_names``);
-        ``w1_columns``: W1 among them as (D, w) columns (``PrecisionSpec.fed_w1_by_columns``).  (B*N, D)
+        ``w=None``: the width is decided per call, the slices are graph inputs (``store.input_names``).  (B*N, D)
         """
         own = layer_names(layer)
         beta = _ln2_beta(own, self.precision, last)
         if w == 0:  # fp32: x already carries b2
             return self.norm(x if self.fold else self.op("Add", [own.b2, x]), own.ln2_g, beta)
-        n = input_names(layer) if w is None else layer_names(
-            layer, neurons=None if w == self.cfg.intermediate_size else w)
-        h = self.hidden_by_columns(x, n) if w1_columns else self.hidden(self.quantize(x), n)  # (B*N, w)
+        fed = input_names(layer) if w is None else None
+        n = fed if fed is not None else layer_names(layer, neurons=None if w == self.cfg.intermediate_size else w)
+        h = self.fed_hidden(x, None, fed) if fed is not None else self.hidden(self.quantize(x), n)  # (B*N, w)
         return self.norm(self.residual_out(h, n.w2, own.b2, own.w2_s, x), own.ln2_g, beta)
 
     def ffn_level(self, x: str, layer: int, lo: int, last: bool) -> str:
@@ -210,7 +209,7 @@ class _Graph:
         own, n, lv = layer_names(layer), input_names(layer), layer_names(layer, neurons=lo)
         xq = self.quantize(x)
         o = self.residual_out(self.hidden(xq, lv), lv.w2, own.b2, own.w2_s, x)
-        o = self.residual_out(self.hidden(xq, n), n.w2, "", own.w2_s, o)
+        o = self.residual_out(self.fed_hidden(x, xq, n), n.w2, "", own.w2_s, o)
         return self.norm(o, own.ln2_g, _ln2_beta(own, self.precision, last))
 
     def quantize(self, x: str) -> str:
@@ -228,11 +227,14 @@ class _Graph:
             return self.op("BiasGelu", [q, n.b1], domain=MS)
         return self.op("Gelu", [self.linear(xq, n.w1, n.b1, n.w1_s, trans_b=rows)], domain=MS)
 
-    def hidden_by_columns(self, x: str, n: LayerNames | InputNames) -> str:
-        """GELU(W1 x + b1) over int8 W1 as (D, w) columns: DynamicQuantizeMatMul quantizes x as ``hidden``'s QGemm
-        does, so the two are bit-identical; the bias rides in BiasGelu there as here.  (B*N, w)"""
-        return self.op("BiasGelu", [self.op("DynamicQuantizeMatMul", [x, n.w1, n.w1_s, "", ""], domain=MS), n.b1],
-                       domain=MS)
+    def fed_hidden(self, x: str, xq: str | None, n: InputNames) -> str:
+        """``hidden`` over the per-call inputs ``n``: with W1 as (D, w) columns (``PrecisionSpec.w1_fed_by_columns``)
+        DynamicQuantizeMatMul quantizes x as QGemm does, so the two are bit-identical, and the bias rides in
+        BiasGelu as there; else ``hidden`` over ``xq``, ``quantize(x)`` (None: made here).  (B*N, w)"""
+        if self.spec.w1_fed_by_columns:
+            q = self.op("DynamicQuantizeMatMul", [x, n.w1, n.w1_s, "", ""], domain=MS)
+            return self.op("BiasGelu", [q, n.b1], domain=MS)
+        return self.hidden(self.quantize(x) if xq is None else xq, n)
 
     def embed(self, ids: str) -> str:
         """(B, N) ids -> LN(word + position + token type 0), flattened to (B*N, D)."""
@@ -374,14 +376,14 @@ def build_dynamic(cfg: ModelConfig, precision: Precision, arrays: Arrays, levels
             x = g.ffn(x, layer, cfg.intermediate_size, last)
             continue
         inputs += [] if fed else [info(n.ffn_full, TensorProto.BOOL, [])]
-        columns = fed and spec.fed_w1_by_columns
+        columns = spec.w1_fed_by_columns
         inputs += [info(n.w1, wtype, [cfg.hidden_size, None] if columns else [None, cfg.hidden_size]),  # or rows
                    info(n.b1, TensorProto.FLOAT, [None]), info(n.w2, wtype, [None, cfg.hidden_size])]
         if spec.quantized:
             inputs += [info(n.w1_s, TensorProto.FLOAT, [None])]
             inputs += [] if columns else [info(n.w1_z, TensorProto.INT8, [None])]
         ffn = partial(_Graph.ffn, x=x, layer=layer, last=last)
-        x = ffn(g, w=None, w1_columns=columns) if fed else _block(
+        x = ffn(g, w=None) if fed else _block(
             g, inputs, n.ffn_full, partial(ffn, w=cfg.intermediate_size), partial(ffn, w=None),
             [(level_input(layer, lv), partial(_Graph.ffn_level, x=x, layer=layer, lo=lv, last=last))
              for lv in levels.neurons], level_input(layer, 0))

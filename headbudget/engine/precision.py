@@ -46,10 +46,11 @@ class PrecisionSpec:
     # paying was measured per precision (docs/results.md, 'Every budget costs what it says'); fp32 weights
     # cost four times as much to pack.
     fed_up_to: float = 0.0
-    # That graph takes W1 as (D, w) column copies, one per (layer, width) shared by every plan
-    # (onnx_bind.SliceCache), not as a row view: ONNX Runtime transposes an unpacked transB weight on every
-    # call. int8 only: fp32's Gemm measured the same either way (weights.w1_by_rows).
-    fed_w1_by_columns: bool = False
+    # The neurons of W1 fed per call (all of a small plan's, the rest above a level in the graph with branches)
+    # as (D, w) column copies, one per (layer, first, end neuron) shared by every plan (onnx_bind.SliceCache),
+    # not as a row view: ONNX Runtime transposes an unpacked transB weight on every call. int8 only: fp32's
+    # Gemm measured the same either way (weights.w1_by_rows).
+    w1_fed_by_columns: bool = False
 
 
 PRECISIONS: Mapping[Precision, PrecisionSpec] = MappingProxyType({
@@ -58,5 +59,5 @@ PRECISIONS: Mapping[Precision, PrecisionSpec] = MappingProxyType({
                           attention_levels=(1 / 3, 2 / 3), fed_up_to=0.2),
     "int8": PrecisionSpec(quantized=True, folds_residual_biases=False, qkv_by_columns=True,
                           weight_dtype=np.int8, torch_engines=False, ffn_levels=(1 / 2,), fed_up_to=0.5,
-                          fed_w1_by_columns=True),
+                          w1_fed_by_columns=True),
 })

@@ -149,9 +149,8 @@ def w1_by_rows(cfg: ModelConfig) -> bool:
     int8) that was within noise at the prepacked budgets and +5% at b = 0.75, which runs on the all-budget
     session; bought back in memory: the per-(layer, width) int8 copies of W1 were 21 MB over the 19 budgets of
     the AG News checkpoint, 45% of one dense int8 session (docs/results.md, 'Findings and decisions'). The
-    graph without branches, whose plans feed every neuron, takes int8 W1 as such column copies after all
-    (``PrecisionSpec.fed_w1_by_columns``): only the widths of its small plans, and there the transposition was
-    most of what feeding W1 cost.
+    neurons fed per call take int8 W1 as such column copies after all (``PrecisionSpec.w1_fed_by_columns``):
+    the packed prefixes stay row views, and the copies cover only what is fed.
     """
     return cfg.gate.scope_spec.gates_ffn  # both precisions: one layout, one rule
 

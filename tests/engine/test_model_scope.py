@@ -149,18 +149,20 @@ def test_small_plans_run_one_graph_without_branches(tiny_model_scope_checkpoint:
     assert kinds == {True, False}
     graph = onnx.load(str(next(tmp_path.rglob("fed.onnx"))), load_external_data=False)
     assert graph.graph.node and not any(n.op_type == "If" for n in graph.graph.node)
-    # W1 as (D, w) columns where the precision says so (one copy per layer and width, whatever the plans), else
-    # the store's (w, D) rows
+    # W1's fed neurons as (D, w) columns where the precision says so (one copy per layer and neuron range,
+    # whatever the plans), else the store's (w, D) rows
     from headbudget.engine.store import input_names
 
-    columns = PRECISIONS[precision].fed_w1_by_columns  # type: ignore[index]
-    shapes = {i.name: [d.dim_value or None for d in i.type.tensor_type.shape.dim] for i in graph.graph.input}
-    assert shapes[input_names(0).w1] == ([cfg.hidden_size, None] if columns else [None, cfg.hidden_size])
+    columns = PRECISIONS[precision].w1_fed_by_columns  # type: ignore[index]
+    for name in ("fed.onnx", "dynamic.onnx"):  # what either graph feeds per call
+        inputs = onnx.load(str(next(tmp_path.rglob(name))), load_external_data=False).graph.input
+        shapes = {i.name: [d.dim_value or None for d in i.type.tensor_type.shape.dim] for i in inputs}
+        assert shapes[input_names(0).w1] == ([cfg.hidden_size, None] if columns else [None, cfg.hidden_size]), name
     copies = engine._slices.w1_columns  # type: ignore[attr-defined]  # noqa: SLF001
     assert bool(copies) == columns
-    for (layer, w), a in copies.items():
-        assert a.shape == (cfg.hidden_size, w) and a.flags.c_contiguous
-        np.testing.assert_array_equal(a, engine.store.layers[layer].w1[:w].T)  # type: ignore[attr-defined]
+    for (layer, lo, w), a in copies.items():
+        assert a.shape == (cfg.hidden_size, w - lo) and a.flags.c_contiguous
+        np.testing.assert_array_equal(a, engine.store.layers[layer].w1[lo:w].T)  # type: ignore[attr-defined]
 
 
 def test_int8_runs_and_mostly_agrees(tiny_model_scope_checkpoint: Path, reference: BudgetedClassifier,
@@ -243,8 +245,10 @@ def test_export_drops_the_neurons_and_gives_the_engines_logits(tiny_model_scope_
 def test_neuron_prefixes_are_views_of_the_one_store(tiny_model_scope_checkpoint: Path, reference: BudgetedClassifier,
                                                     precision: str) -> None:
     """Every budget's W1, W2 and b1 (and int8 scales) share the store's memory: no per-width copy in either
-    precision, in the per-call feeds of the all-budget session and in a prepacked budget's initializers."""
+    precision, in the per-call feeds of the all-budget session and in a prepacked budget's initializers; except
+    int8's fed W1, one column copy per layer and neuron range (``PrecisionSpec.w1_fed_by_columns``)."""
     from headbudget.engine import onnx_bind as B
+    from headbudget.engine.precision import PRECISIONS
     from headbudget.engine.store import input_names, layer_names
     from headbudget.engine.weights import gate_params, load_state, pack
     from headbudget.models.budget import head_order
@@ -274,12 +278,18 @@ def test_neuron_prefixes_are_views_of_the_one_store(tiny_model_scope_checkpoint:
             pairs = [(lw.w1, fed.w1, own.w1), (lw.w2, fed.w2, own.w2), (lw.b1, fed.b1, own.b1)]
             if precision == "int8":
                 pairs.append((lw.w1_s, fed.w1_s, own.w1_s))
+            columns = PRECISIONS[precision].w1_fed_by_columns  # type: ignore[index]
             for array, fed_name, bound_name in pairs:
-                assert np.shares_memory(feeds[fed_name], array), (b, layer, fed_name)
+                if not (columns and fed_name == fed.w1):
+                    assert np.shares_memory(feeds[fed_name], array), (b, layer, fed_name)
                 assert np.shares_memory(bound[bound_name], array), (b, layer, bound_name)
-            assert feeds[fed.w1].shape == (w - lo, cfg.hidden_size)
-    # The only copies are int8 Q/K/V column prefixes (one per layer and head count).
-    assert partial > 0 and (precision == "int8" or not cache.qkv)
+            if columns:  # the fed neurons' W1 as columns: the copy kept for that layer and range
+                assert feeds[fed.w1] is cache.w1_columns[layer, lo, w]
+                np.testing.assert_array_equal(feeds[fed.w1], lw.w1[lo:w].T)
+            else:
+                assert feeds[fed.w1].shape == (w - lo, cfg.hidden_size)
+    # The only copies are int8's Q/K/V column prefixes (one per layer and head count) and its fed W1 columns.
+    assert partial > 0 and (precision == "int8" or not (cache.qkv or cache.w1_columns))
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
