@@ -52,7 +52,7 @@ from headbudget.models.plan import ExecutionPlan
 # 11: packed levels (PrecisionSpec.ffn_levels, attention_levels) and one all-budget graph per exit depth.
 # 12: a graph without branches for small plans; one Q/K/V shape per graph (the head count inferred), no
 #     per-layer shape inputs.
-BUILDER_VERSION = 13
+BUILDER_VERSION = 14
 OPSET = 17
 MS = "com.microsoft"
 _NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int8): TensorProto.INT8}
