@@ -159,30 +159,37 @@ def _ms(values: Sequence[float], q: float) -> float:
     return round(float(np.quantile(np.asarray(values), q)) * 1000, 3)
 
 
-def memory_figure(model_dir: Path, dense_onnx: Path, precision: str) -> dict[str, float]:
+def memory_figure(model_dir: Path, dense_onnx: Path, precision: str, probes: int = 3) -> dict[str, Any]:
     """Resident memory of an engine serving all 19 budgets vs one dense ORT session, each in a fresh process.
 
     Both processes import the same modules first and report the growth after that, so the figure is
     about the model, not the interpreter (importing headbudget.models currently pulls in torch). The engine
     is measured twice: as served (budgets 0.25 and 0.5 with prepacked sessions of their own, which cost their
     plan's share of the weights again) and with no prepacked budget (every budget on the one dynamic session),
-    so that the memory each prepacked budget buys its speed with is on the record.
+    so that the memory each prepacked budget buys its speed with is on the record. Each figure is the median
+    of ``probes`` processes (``samples_mb`` holds them all): one process's reading is not stable (a dense fp32
+    session read 115 or 130 MB from one process to the next, the same file).
     """
-    out: dict[str, float] = {}
-    probes = (("engine", None), ("engine", ()), ("dense", None))
-    for kind, prepacked in probes:
+    samples: dict[str, list[float]] = {"engine": [], "engine_unprepacked": [], "dense": []}
+    sessions = 0
+    for kind, prepacked, key in (("engine", None, "engine"), ("engine", (), "engine_unprepacked"),
+                                 ("dense", None, "dense")):
         arg = json.dumps({"kind": kind, "model_dir": str(model_dir), "dense": str(dense_onnx), "precision": precision,
                           "prepacked": prepacked})
-        proc = subprocess.run([sys.executable, "-c", "from headbudget.experiments.bench import _memory_child as m; m()", arg],
-                              capture_output=True, text=True, timeout=600)
-        if proc.returncode != 0:
-            raise RuntimeError(f"memory probe failed: {proc.stderr[-2000:]}")
-        figure = json.loads(proc.stdout.strip().splitlines()[-1])
-        if prepacked == ():
-            figure = {"engine_unprepacked_mb": figure["engine_mb"]}
-        out.update(figure)
+        for _ in range(probes):
+            proc = subprocess.run([sys.executable, "-c", "from headbudget.experiments.bench import _memory_child as m; m()",
+                                   arg], capture_output=True, text=True, timeout=600)
+            if proc.returncode != 0:
+                raise RuntimeError(f"memory probe failed: {proc.stderr[-2000:]}")
+            figure = json.loads(proc.stdout.strip().splitlines()[-1])
+            samples[key].append(figure[f"{kind}_mb"])
+            if key == "engine":
+                sessions = figure["engine_sessions"]
+    out: dict[str, Any] = {f"{key}_mb": float(np.median(values)) for key, values in samples.items()}
+    out["engine_sessions"] = sessions
     out["engine_over_dense"] = round(out["engine_mb"] / out["dense_mb"], 3)
     out["engine_unprepacked_over_dense"] = round(out["engine_unprepacked_mb"] / out["dense_mb"], 3)
+    out["samples_mb"] = samples
     return out
 
 
