@@ -63,6 +63,7 @@ from headbudget.models.plan import BudgetPolicy
 
 log = logging.getLogger(__name__)
 _ENV_ARENA = False
+_COPIES_CAP = 4  # times the store's W1: what int8's fed W1 columns may hold (OnnxEngine._bound_copies)
 _TWO = (np.array([[101, 102]], dtype=np.int64), np.ones((1, 2), dtype=np.int32))  # [CLS] [SEP]
 
 
@@ -120,7 +121,11 @@ class OnnxEngine(EngineBase):
         self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         # plan.key -> the session that runs it and its per-plan inputs, chosen and made on the plan's first call
         self._runs: dict[Hashable, tuple[Runner, dict[str, Any]]] = {}
-        self._keep: list[np.ndarray] = []  # arrays behind cached feed OrtValues
+        self._keep: dict[Hashable, list[np.ndarray]] = {}  # plan.key -> the arrays behind its feed OrtValues
+        # int8's fed W1 columns (SliceCache.w1_columns) are copies, one per layer and neuron range: the budgets of
+        # the grid fit under the cap, every plan the policy can make would not (docs/results.md, 'Every budget
+        # costs what it says'). Past it the cached plans are dropped with their copies, made again when called.
+        self._copies_cap = _COPIES_CAP * sum(lw.w1.nbytes for lw in store.layers)
         # The "dynamic" layout's sessions, by (exit depth (None: all layers), whether it is the graph without
         # branches for small plans).
         self._dyn: dict[tuple[int | None, bool], Runner] = {}
@@ -192,7 +197,19 @@ class OnnxEngine(EngineBase):
             else:  # a prepacked budget, or any plan of the "whole" layout
                 run = self._whole(plan, prepack=plan.key in self._prepacked), {}
             self._runs[plan.key] = run
+            self._bound_copies(plan.key)
         return run
+
+    def _bound_copies(self, key: Hashable) -> None:
+        """Past the copies' cap, keep only the plan ``key`` and the copies it feeds."""
+        copies = self._slices.w1_columns
+        if sum(a.nbytes for a in copies.values()) <= self._copies_cap:
+            return
+        used = {id(a) for a in self._keep.get(key, [])}
+        for k in [k for k, a in copies.items() if id(a) not in used]:
+            del copies[k]
+        self._runs = {key: self._runs[key]}
+        self._keep = {key: self._keep[key]} if key in self._keep else {}
 
     def _dynamic(self, plan: ExecutionPlan) -> tuple[Runner, dict[str, Any]]:
         """The all-budget session of the plan's depth (every layer, or those below its exit: one per exit used),
@@ -207,7 +224,7 @@ class OnnxEngine(EngineBase):
             sess = self._dyn[depth, fed] = self._session(
                 name, name, init, lambda: G.build_dynamic(c, p, init, levels, depth, fed), prepack=True)
         arrays = B.dynamic_feeds(self.store, c, plan, self._slices, self.levels, fed)
-        self._keep.extend(arrays.values())
+        self._keep[plan.key] = list(arrays.values())
         return sess, {n: sess.value(a) for n, a in arrays.items()}
 
     # -- EngineBase -------------------------------------------------------------------------------------
@@ -250,6 +267,7 @@ class OnnxEngine(EngineBase):
     def close(self) -> None:
         self._dyn.clear()
         self._runs.clear()
+        self._keep.clear()
         self._sessions.clear()
         self._values.clear()
 

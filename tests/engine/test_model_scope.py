@@ -329,3 +329,24 @@ def test_fp32_graphs_carry_the_residual_in_the_gemm(tiny_model_scope_checkpoint:
     residual = 0 if precision == "fp32" else (2 + 2 * h + 2 + 2 * f) * cfg.n_layers
     assert adds(dynamic) == 1 + (2 + h) * cfg.n_layers + residual
     assert (store.layers[0].ln2_bf is not None) == (precision == "fp32") and store.layers[-1].ln2_bf is None
+
+
+def test_fed_w1_columns_stay_within_their_cap(tiny_model_scope_checkpoint: Path, tmp_path: Path) -> None:
+    """Past the cap on int8's W1 column copies the engine keeps only the plan it runs and that plan's copies; the
+    plans it dropped are made again on their next call and answer as before."""
+    options = EngineOptions(precision="int8", cache_dir=tmp_path)
+    free, capped = load_engine(tiny_model_scope_checkpoint, options), load_engine(tiny_model_scope_checkpoint, options)
+    ids, mask = _inputs(free)
+    budgets = (0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 0.9)
+    first = {b: free.predict_ids(ids, mask, b) for b in budgets}  # type: ignore[attr-defined]
+    full = sum(a.nbytes for a in free._slices.w1_columns.values())  # type: ignore[attr-defined]  # noqa: SLF001
+    assert full > 0
+    capped._copies_cap = cap = full // 3  # type: ignore[attr-defined]  # noqa: SLF001
+    copies, dropped = capped._slices.w1_columns, 0  # type: ignore[attr-defined]  # noqa: SLF001
+    for b in (*budgets, *budgets):
+        np.testing.assert_array_equal(capped.predict_ids(ids, mask, b), first[b])  # type: ignore[attr-defined]
+        mine = {id(a) for a in capped._keep.get(capped.plan(b).key, [])}  # type: ignore[attr-defined]  # noqa: SLF001
+        within = sum(a.nbytes for a in copies.values()) <= cap
+        assert within or all(id(a) in mine for a in copies.values()), b  # over it by the running plan's alone
+        dropped += len(capped._runs) == 1  # type: ignore[attr-defined]  # noqa: SLF001
+    assert dropped > 1
