@@ -52,6 +52,7 @@ from headbudget.models.plan import ExecutionPlan
 # 11: packed levels (PrecisionSpec.ffn_levels, attention_levels) and one all-budget graph per exit depth.
 # 12: a graph without branches for small plans; one Q/K/V shape per graph (the head count inferred), no
 #     per-layer shape inputs.
+# 14: int8's W1 fed per call as (D, w) columns (PrecisionSpec.w1_fed_by_columns), in both all-budget graphs.
 BUILDER_VERSION = 14
 OPSET = 17
 MS = "com.microsoft"

@@ -52,6 +52,10 @@ class PrecisionSpec:
     # Gemm measured the same either way (weights.w1_by_rows).
     w1_fed_by_columns: bool = False
 
+    def __post_init__(self) -> None:
+        if self.w1_fed_by_columns and not self.quantized:
+            raise ValueError("W1 fed by columns runs DynamicQuantizeMatMul: a quantized precision's layout")
+
 
 PRECISIONS: Mapping[Precision, PrecisionSpec] = MappingProxyType({
     "fp32": PrecisionSpec(quantized=False, folds_residual_biases=True, qkv_by_columns=False,
