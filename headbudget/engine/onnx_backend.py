@@ -124,7 +124,8 @@ class OnnxEngine(EngineBase):
         self._keep: dict[Hashable, list[np.ndarray]] = {}  # plan.key -> the arrays behind its feed OrtValues
         # int8's fed W1 columns (SliceCache.w1_columns) are copies, one per layer and neuron range: the budgets of
         # the grid fit under the cap, every plan the policy can make would not (docs/results.md, 'Every budget
-        # costs what it says'). Past it the cached plans are dropped with their copies, made again when called.
+        # costs what it says'). Past it the plans least recently run are dropped (``_runs`` is kept in that
+        # order) with the copies no other plan feeds, and made again when called.
         self._copies_cap = _COPIES_CAP * sum(lw.w1.nbytes for lw in store.layers)
         # The "dynamic" layout's sessions, by (exit depth (None: all layers), whether it is the graph without
         # branches for small plans).
@@ -190,26 +191,29 @@ class OnnxEngine(EngineBase):
     def _runner(self, plan: ExecutionPlan) -> tuple[Runner, dict[str, Any]]:
         """The session that runs ``plan`` and its feed dict, cached per plan (the dict is reused in place: one
         engine, one thread)."""
-        run = self._runs.get(plan.key)
+        run = self._runs.pop(plan.key, None)
         if run is None:
             if self.layout == "dynamic" and plan.key not in self._prepacked:
                 run = self._dynamic(plan)
             else:  # a prepacked budget, or any plan of the "whole" layout
                 run = self._whole(plan, prepack=plan.key in self._prepacked), {}
             self._runs[plan.key] = run
-            self._bound_copies(plan.key)
+            self._bound_copies()
+        else:
+            self._runs[plan.key] = run  # now the most recently run
         return run
 
-    def _bound_copies(self, key: Hashable) -> None:
-        """Past the copies' cap, keep only the plan ``key`` and the copies it feeds."""
+    def _bound_copies(self) -> None:
+        """Past the copies' cap, drop the plans least recently run, and the copies no kept plan feeds, until the
+        copies are within it or only the plan just made is left."""
         copies = self._slices.w1_columns
-        if sum(a.nbytes for a in copies.values()) <= self._copies_cap:
-            return
-        used = {id(a) for a in self._keep.get(key, [])}
-        for k in [k for k, a in copies.items() if id(a) not in used]:
-            del copies[k]
-        self._runs = {key: self._runs[key]}
-        self._keep = {key: self._keep[key]} if key in self._keep else {}
+        while sum(a.nbytes for a in copies.values()) > self._copies_cap and len(self._runs) > 1:
+            oldest = next(iter(self._runs))
+            del self._runs[oldest]
+            self._keep.pop(oldest, None)
+            used = {id(a) for arrays in self._keep.values() for a in arrays}
+            for k in [k for k, a in copies.items() if id(a) not in used]:
+                del copies[k]
 
     def _dynamic(self, plan: ExecutionPlan) -> tuple[Runner, dict[str, Any]]:
         """The all-budget session of the plan's depth (every layer, or those below its exit: one per exit used),
