@@ -270,8 +270,7 @@ def dynamic_feeds(store: WeightStore, cfg: ModelConfig, plan: ExecutionPlan, cac
         if levels.heads:  # which branch runs (the flags of ``onnx_graph._Graph.choose``): one of these, or full
             for lv in (0, *levels.heads):
                 out[level_input(layer, lv, heads=True)] = np.array(not branch and lv == lo)
-        own_units = lo < k and not branch
-        if own_units:
+        if lo < k and not branch:
             own = layer_names(layer, heads=k)
             sliced = _sliced(store, layer, k, dh, cache, lo)
             out |= {n.wqkv: sliced[own.wqkv], n.bqkv: sliced[own.bqkv], n.wo: sliced[own.wo]}

@@ -199,10 +199,13 @@ class _Graph:
         beta = _ln2_beta(own, self.precision, last)
         if w == 0:  # fp32: x already carries b2
             return self.norm(x if self.fold else self.op("Add", [own.b2, x]), own.ln2_g, beta)
-        fed = input_names(layer) if w is None else None
-        n = fed if fed is not None else layer_names(layer, neurons=None if w == self.cfg.intermediate_size else w)
-        h = self.fed_hidden(x, None, fed) if fed is not None else self.hidden(self.quantize(x), n)  # (B*N, w)
-        return self.norm(self.residual_out(h, n.w2, own.b2, own.w2_s, x), own.ln2_g, beta)
+        if w is None:
+            fed = input_names(layer)
+            h, w2 = self.fed_hidden(x, None, fed), fed.w2  # (B*N, w)
+        else:
+            n = layer_names(layer, neurons=None if w == self.cfg.intermediate_size else w)
+            h, w2 = self.hidden(self.quantize(x), n), n.w2
+        return self.norm(self.residual_out(h, w2, own.b2, own.w2_s, x), own.ln2_g, beta)
 
     def ffn_level(self, x: str, layer: int, lo: int, last: bool) -> str:
         """The feed-forward block at the packed prefix of ``lo`` neurons (initializers) plus the rest of the plan's
