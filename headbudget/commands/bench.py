@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shlex
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from headbudget.commands.common import CliError, existing_dir, positive_int
+from headbudget.commands.common import CliError, budget_arg, existing_dir, positive_int
 from headbudget.engine.names import DEFAULT_PRECISION
 
 
@@ -39,22 +38,11 @@ def register(subparsers: Any) -> None:
                    help="time every budget of the 0.05 grid and the off-grid budgets round-robin against ORT's "
                         "dense export of --precision, and write one file of them (e.g. --out int8-budgets.json; "
                         "pareto.png's latency panel draws it)")
-    p.add_argument("--off-grid-budgets", type=_budget_above_zero, nargs="+", metavar="B",
+    p.add_argument("--off-grid-budgets", type=budget_arg, nargs="+", metavar="B",
                    help="with --all-budgets: budgets off the grid to time as well (default 0.37 0.62 0.88)")
     p.add_argument("--out", type=Path, required=True,
                    help="where to write bench.json (with --all-budgets: the budgets file)")
     p.set_defaults(func=run)
-
-
-def _budget_above_zero(text: str) -> float:
-    """argparse type: a budget a request can carry, a finite number in (0, 1]."""
-    try:
-        b = float(text)
-    except ValueError:
-        b = math.nan
-    if not math.isfinite(b) or not 0.0 < b <= 1.0:
-        raise argparse.ArgumentTypeError(f"budget must be a number in (0, 1], got {text!r}")
-    return b
 
 
 def _minilm_checkpoint(folder: Path) -> Path:

@@ -38,13 +38,16 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
 
 
 def budget_arg(text: str) -> float:
-    """argparse type: a finite number in [0, 1]."""
+    """argparse type: a budget the API would take, a finite number in [MIN_BUDGET, 1]."""
+    from headbudget.service.schemas import MIN_BUDGET
+
+    wrong = f"budget must be a number in [{MIN_BUDGET:g}, 1], got {text!r}"
     try:
         b = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"budget must be a number in [0, 1], got {text!r}") from None
-    if not math.isfinite(b) or not 0.0 <= b <= 1.0:
-        raise argparse.ArgumentTypeError(f"budget must be a number in [0, 1], got {text!r}")
+        raise argparse.ArgumentTypeError(wrong) from None
+    if not math.isfinite(b) or not MIN_BUDGET <= b <= 1.0:
+        raise argparse.ArgumentTypeError(wrong)
     return b
 
 

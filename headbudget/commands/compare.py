@@ -33,8 +33,8 @@ def _list(kind: type, name: str, check=None):  # type: ignore[no-untyped-def]
 
 def _budget(text: str) -> float:
     b = budget_arg(text)
-    if b <= 0.0 or b >= 1.0:
-        raise argparse.ArgumentTypeError(f"budget must be in (0, 1) (b = 1 is the dense row), got {text!r}")
+    if b >= 1.0:
+        raise argparse.ArgumentTypeError(f"budget must be below 1 (b = 1 is the dense row), got {text!r}")
     return b
 
 

@@ -29,14 +29,14 @@ def run(args: argparse.Namespace) -> int:
         from headbudget.models.hf_export import export_hf
 
         hf = export_hf(args.model, args.out)
-        code = " (custom head: load with trust_remote_code=True)" if hf.remote_code else ""
+        code = (" (custom head: load with trust_remote_code=True; --format onnx writes a folder that ONNX runtimes "
+                "such as optimum load without custom code)") if hf.remote_code else ""
         print(f"{hf.folder}: {hf.architecture}{code}, {hf.n_parameters / 1e6:.1f} M parameters")
         return 0
-    if args.budget == 0.0:
-        raise CliError("budget must be above 0 to export")
     from headbudget.engine.export import export_onnx
 
     rec = export_onnx(args.model, args.budget, args.out, args.precision)
     print(f"{rec.folder}/model.onnx: budget {rec.budget:g}, {rec.heads_kept}/{rec.heads_total} heads "
-          f"({' '.join(map(str, rec.heads_per_layer))} per layer), {rec.precision}, {rec.size_bytes / 1e6:.1f} MB")
+          f"({' '.join(map(str, rec.heads_per_layer))} per layer), {rec.precision}, {rec.size_bytes / 1e6:.1f} MB; "
+          "loads in ONNX Runtime alone or in optimum's ORTModelForSequenceClassification")
     return 0

@@ -12,7 +12,7 @@ from headbudget.commands.common import CliError, budget_arg, existing_dir, refus
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("predict", help="classify a text at a budget")
     p.add_argument("--model", required=True, type=existing_dir, help="checkpoint folder")
-    p.add_argument("--budget", type=budget_arg, default=1.0, help="compute budget in [0, 1]")
+    p.add_argument("--budget", type=budget_arg, default=1.0, help="compute budget in [0.1, 1], as the API takes it")
     p.add_argument("text", help="the text to classify")
     p.set_defaults(func=run)
 

@@ -39,6 +39,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--allow-standin", action="store_true",
                    help="serve a timing stand-in (a checkpoint's plans rebuilt from its sweep) for load tests: "
                         "its answers are its base's")
+    p.add_argument("--access-log", type=Path, metavar="FILE",
+                   help="write the access records (JSON lines) to FILE instead of stderr")
     p.add_argument("--print-curl", action="store_true",
                    help="once ready, print a curl command with a development key valid while the server runs")
     p.set_defaults(func=run)
@@ -101,12 +103,13 @@ def run(args: argparse.Namespace) -> int:
         precision = default_precision(model, backend)
     log_level = option("log_level")
     settings = ServeSettings(model_dir=model.resolve(), config_path=option("config").resolve(), backend=backend,
-                             precision=precision, threads=option("threads"), log_level=log_level)
+                             precision=precision, threads=option("threads"), log_level=log_level,
+                             access_log=args.access_log.resolve() if args.access_log else None)
     try:
         load_config(settings.config_path)  # a bad file or variable is refused before anything else is said
         if defaulted:
             log.info("precision %s (the default for this checkpoint and backend; --precision to change)", precision)
         return serve(settings, host=option("host"), port=port, workers=option("workers"),
-                     print_curl=args.print_curl, log_level=log_level)
+                     print_curl=args.print_curl, log_level=log_level, access_log=settings.access_log)
     except ConfigError as e:
         raise CliError(str(e)) from None

@@ -6,7 +6,11 @@ neurons (``bind``: per-layer prefixes) written as real initializers instead of t
 engine's sessions use. So the file computes what the engine computes at that budget, and plain ONNX Runtime
 runs it with no headbudget code: it uses standard ops and ONNX Runtime's com.microsoft contrib ops
 (FusedMatMul, Gelu; DynamicQuantizeMatMul in int8), which every ONNX Runtime build has.
-``headbudget-export.json`` beside it says what a caller needs (inputs, labels, how texts are truncated).
+``headbudget-export.json`` beside it says what a caller needs (inputs, labels, how texts are truncated), and a
+``config.json`` lets stock Hugging Face runtimes load the folder without custom code (``hf_config``)::
+
+    from optimum.onnxruntime import ORTModelForSequenceClassification
+    model = ORTModelForSequenceClassification.from_pretrained("exported/b05")  # the labels from config.json
 
 Example (the second half needs only onnxruntime, numpy and tokenizers)::
 
@@ -19,7 +23,7 @@ Example (the second half needs only onnxruntime, numpy and tokenizers)::
     ids = tok.encode("Stocks rallied as oil prices fell.").ids  # truncate past meta["max_length"] as it says
     sess = ort.InferenceSession("exported/b05/model.onnx", providers=["CPUExecutionProvider"])
     logits = sess.run(["logits"], {"input_ids": np.array([ids], np.int64),
-                                   "attention_mask": np.ones((1, len(ids)), np.int32)})[0]  # (1, n_labels)
+                                   "attention_mask": np.ones((1, len(ids)), np.int64)})[0]  # (1, n_labels)
     print(meta["labels"][int(logits[0].argmax())])
 """
 
@@ -46,12 +50,15 @@ from headbudget.engine.weights import (
     pack,
 )
 from headbudget.models.budget import head_order
+from headbudget.models.config import ModelConfig
 from headbudget.models.model_types import model_type
 from headbudget.models.plan import BudgetPolicy, Shape
 from headbudget.models.tokenizer import TOKENIZER_FILES
 
 MODEL_FILE = "model.onnx"
 META_FILE = "headbudget-export.json"
+HF_CONFIG_FILE = "config.json"
+MASK = "attention_mask"
 
 
 class ExportError(EngineError):
@@ -108,7 +115,7 @@ def export_onnx(model_dir: Path, budget: float, out: Path, precision: Precision 
     plan = policy.plan(budget)
     counts, widths = plan.heads, plan.ffn_widths(cfg.intermediate_size)
     arrays = B.bind(pack(state, cfg, policy, precision), cfg, plan, B.SliceCache())
-    model = standalone(G.build_graph(cfg, plan, precision, arrays), arrays)
+    model = _int64_mask(standalone(G.build_graph(cfg, plan, precision, arrays), arrays))
     model.producer_name = "headbudget-export"
     # The engine's graphs leave the output's shape open; a standalone file states it (the checker wants one).
     del model.graph.output[:]
@@ -131,7 +138,7 @@ def export_onnx(model_dir: Path, budget: float, out: Path, precision: Precision 
     meta |= {
         "source": str(model_dir),
         "inputs": [{"name": "input_ids", "dtype": "int64", "shape": ["batch", "sequence"]},
-                   {"name": "attention_mask", "dtype": "int32", "shape": ["batch", "sequence"],
+                   {"name": "attention_mask", "dtype": "int64", "shape": ["batch", "sequence"],
                     "note": "1 for tokens, 0 for padding (pad on the right)"}],
         "outputs": [{"name": "logits", "dtype": "float32", "shape": ["batch", len(cfg.labels)],
                      "note": "one column per label, in the order of labels"}],
@@ -143,4 +150,32 @@ def export_onnx(model_dir: Path, budget: float, out: Path, precision: Precision 
                               "as a fraction of the dense model's (attention, feed-forward and classifier matrices)",
     }
     (out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    (out / HF_CONFIG_FILE).write_text(json.dumps(hf_config(cfg), indent=2) + "\n")
     return record
+
+
+def _int64_mask(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The graph's int32 attention mask taken as int64, as tokenizers and Hugging Face runtimes hand it over."""
+    inner = "attention_mask_int32"
+    for node in model.graph.node:
+        node.input[:] = [inner if name == MASK else name for name in node.input]
+    model.graph.node.insert(0, helper.make_node("Cast", [MASK], [inner], to=TensorProto.INT32))
+    for value in model.graph.input:
+        if value.name == MASK:
+            value.type.tensor_type.elem_type = TensorProto.INT64
+    return model
+
+
+def hf_config(cfg: ModelConfig) -> dict[str, object]:
+    """config.json as stock Hugging Face tools read an ONNX classifier folder (optimum's
+    ORTModelForSequenceClassification, Infinity's optimum engine): BERT's model type, the labels and the
+    tokenizer-facing sizes. The graph in model.onnx is what runs; no custom code is named."""
+    return {
+        "architectures": ["BertForSequenceClassification"], "model_type": "bert",
+        "id2label": dict(enumerate(cfg.labels)), "label2id": {label: i for i, label in enumerate(cfg.labels)},
+        "problem_type": "single_label_classification",
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads, "intermediate_size": cfg.intermediate_size, "hidden_act": "gelu",
+        "max_position_embeddings": cfg.max_position, "type_vocab_size": cfg.type_vocab_size,
+        "layer_norm_eps": cfg.layer_norm_eps, "pad_token_id": cfg.pad_token_id,
+    }

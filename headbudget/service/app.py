@@ -62,8 +62,8 @@ def create_app(config: ServiceConfig, engine_factory: Callable[[], Engine], *, c
             mark_worker_dead(os.getpid())
 
     app = FastAPI(title="headbudget", version=headbudget.__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
-                  description="Text classification where each request chooses how much attention compute its "
-                              "answer gets (a budget in [0.1, 1]).", **_TELEMETRY_OFF)
+                  description="Text classification where each request chooses how much of the model's compute its "
+                              "answer gets: a budget in [0.1, 1], the fraction of the dense model's multiply-adds.", **_TELEMETRY_OFF)
     app.state.runtime = runtime
     install_error_handlers(app)
 
@@ -95,7 +95,7 @@ def app_from_env() -> FastAPI:
     from headbudget.service.logs import configure_logging
 
     settings = ServeSettings.from_env()
-    configure_logging(settings.log_level.upper())  # `serve --log-level`, parsed once by the command
+    configure_logging(settings.log_level.upper(), settings.access_log)  # parsed once by the command
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the loop's handler is installed at start-up
     config = load_config(settings.config_path)
     # The tiers' default budgets are what most requests run at: they get prepacked sessions (EngineOptions);

@@ -95,6 +95,14 @@ class LatencyModel:
         per_text = min(self.max_length, math.ceil(longest / self._chars_per_token) + 2)
         return len(texts) * per_text
 
+    def estimates_ms(self, budgets: Sequence[float], tokens: float) -> list[float]:
+        """``estimate_ms`` of each budget (ascending), never below a smaller one's: plans are nested, so a larger
+        budget does all of a smaller one's work, and the budget buckets' corrections only differ by noise."""
+        out: list[float] = []
+        for b in budgets:
+            out.append(max(self.estimate_ms(b, tokens), out[-1] if out else 0.0))
+        return out
+
     def table_points(self) -> dict[float, float]:
         """Estimated ms per table budget at the table's reference input, with the corrections applied."""
         return {b: round(self.estimate_ms(b, self.ref_tokens), 3) for b in self._budgets}

@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 ACCESS = logging.getLogger("headbudget.access")
@@ -30,13 +31,20 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
-def configure_logging(level: str = "INFO") -> None:
-    """Send our logs and uvicorn's to stderr as JSON lines (uvicorn's own access log is replaced by ours)."""
+def configure_logging(level: str = "INFO", access_log: Path | None = None) -> None:
+    """Send our logs and uvicorn's to stderr as JSON lines (uvicorn's own access log is replaced by ours); access
+    records to ``access_log`` instead when given (appended: every worker writes whole lines)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    ACCESS.handlers[:], ACCESS.propagate = [], access_log is None
+    if access_log is not None:
+        access_log.parent.mkdir(parents=True, exist_ok=True)
+        to_file = logging.FileHandler(access_log, encoding="utf-8")
+        to_file.setFormatter(JsonFormatter())
+        ACCESS.addHandler(to_file)
     for name in ("uvicorn", "uvicorn.error"):
         lg = logging.getLogger(name)
         lg.handlers[:] = []

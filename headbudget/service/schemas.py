@@ -6,12 +6,15 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
+# The smallest budget served, by the API and the CLI alike (budget_arg): below it a plan keeps too little to be a
+# model. Here, not in the engine, because the client installs this module without numpy.
+MIN_BUDGET = 0.1
 MAX_TEXTS = 64  # texts per request
 MAX_TEXT_CHARS = 100_000  # longer texts are refused; texts over the token limit are truncated instead
 MAX_LATENCY_MS = 60_000.0
 
 Text = Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT_CHARS)]
-BudgetValue = Annotated[float, Field(ge=0.1, le=1.0, allow_inf_nan=False)]
+BudgetValue = Annotated[float, Field(ge=MIN_BUDGET, le=1.0, allow_inf_nan=False)]
 BudgetParam = BudgetValue | Literal["auto"]
 LatencyLimit = Annotated[float, Field(gt=0, le=MAX_LATENCY_MS, allow_inf_nan=False)]
 BudgetSource = Literal["request", "tier_default", "max_latency_ms"]  # where the budget came from, not what it is
@@ -28,7 +31,8 @@ class ClassifyRequest(_Body):
     texts: Annotated[list[Text], Field(min_length=1, max_length=MAX_TEXTS)] | None = Field(
         None, description=f"Up to {MAX_TEXTS} texts, answered in order.")
     budget: BudgetParam | None = Field(
-        None, description="Fraction of attention heads to run, in [0.1, 1]; on checkpoints that predict their "
+        None, description="Fraction of the dense model's multiply-adds to spend, in [0.1, 1]: the heads, feed-forward "
+                          "neurons and layers it buys (heads only on an attention-scope checkpoint); on checkpoints that predict their "
                           "own budget per text (`supports_auto` in /v1/models) a number is a cap and `auto` runs "
                           "each text at its own, capped at the tier's max_budget; on a budgeted checkpoint with a "
                           "decider (`decider` in /v1/models) `auto` lets the decider pick each text's budget at "
@@ -162,7 +166,11 @@ class BudgetPoint(BaseModel):
     layers_run: int | None = Field(None, description="layers the budget runs before it answers, when it stops at "
                                                      "one of the checkpoint's exits; null when it runs every layer")
     accuracy: float | None = Field(None, description="offline accuracy from sweep.json")
-    latency_ms: float | None = Field(None, description="from the benchmark table, refreshed by the service")
+    latency_ms: float | None = Field(None, description="one pass of one text of `latency_tokens` tokens: the "
+                                     "benchmark table, corrected by the passes the service has run; never below "
+                                     "a smaller budget's")
+    latency_tokens: int | None = Field(None, description="the text length `latency_ms` is for (a shorter text "
+                                       "takes less)")
 
 
 class ComputeUnitInfo(BaseModel):

@@ -55,14 +55,14 @@ def curl_command(host: str, port: int, key: str, budget: float | str) -> str:
             f"-H 'Content-Type: application/json' -d {shlex.quote(body)}")
 
 
-def _announce_when_ready(url: str, command: str, stop: threading.Event) -> None:
+def _announce_when_ready(url: str, command: str, stop: threading.Event, note: str = "") -> None:
     """Poll /readyz, then print the curl command once (stdout, not the log: the key must stay out of logs)."""
     while not stop.is_set():
         try:
             with urllib.request.urlopen(url, timeout=1) as r:
                 if r.status == 200:
                     print(f"\nheadbudget is ready. Try it (a development key, valid while this server runs):\n\n"
-                          f"  {command}\n", flush=True)
+                          f"  {command}\n{note}", flush=True)
                     return
         except OSError:
             pass
@@ -85,9 +85,9 @@ def _metrics_dir(workers: int) -> str | None:
 
 
 def serve(settings: ServeSettings, *, host: str = "127.0.0.1", port: int = 8000, workers: int = 1,
-          print_curl: bool = False, log_level: str = "info") -> int:
+          print_curl: bool = False, log_level: str = "info", access_log: Path | None = None) -> int:
     """Serve until SIGINT/SIGTERM; in-flight requests finish before the process exits."""
-    configure_logging(log_level.upper())
+    configure_logging(log_level.upper(), access_log)
     config = load_config(settings.config_path)  # refuse a bad config before loading anything
     if workers > 1 and not config.state.redis_url:
         log.warning("several workers without [state] redis_url: rate limits and feedback are per worker")
@@ -106,7 +106,8 @@ def serve(settings: ServeSettings, *, host: str = "127.0.0.1", port: int = 8000,
     if key is not None:
         command = curl_command(host, port, key, config.tier(_curl_tier(config)).default_budget)
         shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-        threading.Thread(target=_announce_when_ready, args=(f"http://{shown}:{port}/readyz", command, stop),
+        note = f"  Requests are logged to {access_log}; Ctrl-C stops the server.\n" if access_log else ""
+        threading.Thread(target=_announce_when_ready, args=(f"http://{shown}:{port}/readyz", command, stop, note),
                          daemon=True).start()
     started = time.monotonic()
     try:

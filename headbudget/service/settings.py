@@ -32,8 +32,9 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from headbudget.engine.types import Backend, EngineOptions, Precision
+from headbudget.service.schemas import MIN_BUDGET
 
-Budget = Annotated[float, Field(ge=0.1, le=1.0, allow_inf_nan=False)]
+Budget = Annotated[float, Field(ge=MIN_BUDGET, le=1.0, allow_inf_nan=False)]
 AUTO: Final = "auto"  # each text at its own budget (BudgetFormer's, or a decider's: decider.json); a metrics label
 SERVE_ENV = "HEADBUDGET_SERVE"  # how `headbudget serve` hands ServeSettings to uvicorn workers (JSON)
 # Settings from the environment. SERVE_ENV shares the prefix but names no field of ConfigEnv or ServeEnv below
@@ -377,6 +378,7 @@ class ServeSettings(BaseModel):
     precision: Precision = "int8"  # `headbudget serve` picks fp32 where int8 has no engine
     threads: Annotated[int, Field(ge=1)] = 1
     log_level: Literal["debug", "info", "warning", "error"] = "info"  # every process's, workers' included
+    access_log: Path | None = None  # access records to this file instead of stderr
     extra_key_hashes: dict[str, str] = {}  # sha256 -> tier: ephemeral keys (serve --print-curl), never written
 
     def engine_options(self, prepacked_budgets: tuple[float, ...] | None = None,

@@ -12,13 +12,13 @@ from typing import Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from headbudget.models.adaptive import AdaptiveClassifier
 from headbudget.models.classifier import BudgetedClassifier
 from headbudget.models.model_types import Stage
 from headbudget.training.batches import TokenizedSplit, batches
 from headbudget.training.evaluation import accuracy, mean_accuracy
+from headbudget.training.progress import Progress
 from headbudget.training.recipes import Recipe
 
 # Which stages a model type trains, in order, is its entry in models/model_types.py; what each stage does is its
@@ -146,7 +146,7 @@ def run_stage(
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
     best, best_state, history = -1.0, copy.deepcopy(model.state_dict()), []
-    bar = tqdm(total=steps, desc=f"{stage:>6}", mininterval=2.0, dynamic_ncols=True)
+    bar = Progress(steps, stage)
     # The bar shows a budget only where the loss takes one: the dense and adapt stages draw one they never use
     # (the draw stays, so that a run's random stream, hence its result, is what it was).
     shows_budget = spec.samples_budget
@@ -168,9 +168,8 @@ def run_stage(
             opt.step()
             sched.step()
             step += 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}", **({"b": f"{b:.2f}"} if shows_budget else {}),
-                            val=f"{max(best, 0):.3f}", refresh=False)
+            bar.update(loss=f"{loss.item():.3f}", **({"b": f"{b:.2f}"} if shows_budget else {}),
+                       val=f"{max(best, 0):.3f}")
             if step % eval_every == 0 or step == steps:
                 # An adaptive model is evaluated as served: its plain forward runs at progress 1.0 (final
                 # temperature) and eval mode adds no noise.

@@ -38,7 +38,7 @@ m = meta["max_length"]
 rows = [e.ids if len(e.ids) <= m else e.ids[:m - 1] + e.ids[-1:] for e in tok.encode_batch(texts)]
 n = max(map(len, rows))
 ids = np.full((len(rows), n), meta["pad_token_id"], np.int64)
-mask = np.zeros((len(rows), n), np.int32)
+mask = np.zeros((len(rows), n), np.int64)
 for i, r in enumerate(rows):
     ids[i, :len(r)], mask[i, :len(r)] = r, 1
 so = ort.SessionOptions(); so.intra_op_num_threads = 1
@@ -79,6 +79,41 @@ def test_bare_onnxruntime_gives_the_engines_logits(minilm_shaped_checkpoint: Pat
                                                                 tmp_path / "cache"), atol=1e-4, rtol=0)
 
 
+def test_the_dense_folder_loads_as_a_stock_hugging_face_classifier(minilm_shaped_checkpoint: Path,
+                                                                  tmp_path: Path) -> None:
+    """config.json names BERT and the labels, so transformers reads it without custom code, and the graph takes
+    what Hugging Face runtimes feed (int64 ids and mask) and gives `logits`."""
+    from transformers import AutoConfig
+
+    out = tmp_path / "dense"
+    assert run_cli("export", "--model", str(minilm_shaped_checkpoint), "--out", str(out)).returncode == 0
+    config = AutoConfig.from_pretrained(out)  # no trust_remote_code
+    _, cfg = checkpoint_config(minilm_shaped_checkpoint)
+    assert config.model_type == "bert" and config.id2label == dict(enumerate(cfg.labels))
+    graph = onnx.load(str(out / "model.onnx")).graph
+    assert {i.name: i.type.tensor_type.elem_type for i in graph.input} == {
+        "input_ids": onnx.TensorProto.INT64, "attention_mask": onnx.TensorProto.INT64}
+    assert [o.name for o in graph.output] == ["logits"]
+
+
+def test_optimum_answers_the_engines_labels(minilm_shaped_checkpoint: Path, tmp_path: Path) -> None:
+    """Where optimum is installed: ORTModelForSequenceClassification (what Infinity's optimum engine runs) loads
+    the exported dense folder and labels the texts as the engine does at b = 1."""
+    optimum = pytest.importorskip("optimum.onnxruntime")
+    from transformers import AutoTokenizer
+
+    out = tmp_path / "dense"
+    assert run_cli("export", "--model", str(minilm_shaped_checkpoint), "--out", str(out)).returncode == 0
+    model = optimum.ORTModelForSequenceClassification.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    short = TEXTS[:3]  # the fourth is past the token limit, where truncation rules differ
+    logits = model(**tokenizer(short, padding=True, return_tensors="np", return_token_type_ids=False)).logits
+    want = engine_logits(minilm_shaped_checkpoint, 1.0, "fp32", tmp_path / "cache")[:3]
+    assert [model.config.id2label[int(i)] for i in np.asarray(logits).argmax(1)] == \
+        [model.config.id2label[int(i)] for i in want.argmax(1)]
+    np.testing.assert_allclose(np.asarray(logits), want, atol=1e-4, rtol=0)
+
+
 def test_only_the_kept_heads_are_in_the_file(minilm_shaped_checkpoint: Path, tmp_path: Path) -> None:
     for b in (0.5, 1.0):
         assert run_cli("export", "--model", str(minilm_shaped_checkpoint), "--budget", str(b),
@@ -100,8 +135,9 @@ def test_only_the_kept_heads_are_in_the_file(minilm_shaped_checkpoint: Path, tmp
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--budget", "0"], "budget must be above 0"),
-    (["--budget", "1.5"], "budget must be a number in [0, 1]"),
+    (["--budget", "0"], "budget must be a number in [0.1, 1]"),
+    (["--budget", "0.05"], "budget must be a number in [0.1, 1]"),
+    (["--budget", "1.5"], "budget must be a number in [0.1, 1]"),
     (["--budget", "0.5", "--format", "hf"], "holds the dense model only"),
     (["--format", "hf", "--precision", "int8"], "--precision applies to --format onnx"),
 ])

@@ -91,7 +91,7 @@ def test_all_budgets_at_real_text_lengths(tiny_checkpoint: Path, tmp_path: Path)
     assert r["rows"][-1]["mac_fraction"] == 1.0 and r["rows"][-1]["share_of_b1"] == 1.0
 
 
-@pytest.mark.parametrize("bad", ["1.5", "0", "-0.2", "nan", "half"])
+@pytest.mark.parametrize("bad", ["1.5", "0", "0.05", "-0.2", "nan", "half"])
 def test_a_bad_off_grid_budget_is_one_line_and_a_non_zero_exit(
     bad: str, tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -100,7 +100,7 @@ def test_a_bad_off_grid_budget_is_one_line_and_a_non_zero_exit(
               "--out", str(tmp_path / "b.json")])
     assert e.value.code != 0
     err = capsys.readouterr().err
-    assert err.startswith("headbudget bench: error: argument --off-grid-budgets: budget must be a number in (0, 1]")
+    assert err.startswith("headbudget bench: error: argument --off-grid-budgets: budget must be a number in [0.1, 1]")
     assert err.count("\n") == 1 and "Traceback" not in err
     assert not (tmp_path / "b.json").exists()
 

@@ -72,8 +72,8 @@ def write_folder(folder: Path, train: str, test: str) -> Path:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["predict", "--model", "{ckpt}", "--budget", "1.5", "x"], "budget must be a number in [0, 1]"),
-        (["predict", "--model", "{ckpt}", "--budget", "nan", "x"], "budget must be a number in [0, 1]"),
+        (["predict", "--model", "{ckpt}", "--budget", "1.5", "x"], "budget must be a number in [0.1, 1]"),
+        (["predict", "--model", "{ckpt}", "--budget", "nan", "x"], "budget must be a number in [0.1, 1]"),
         (["predict", "--model", "{ckpt}", "   "], "text is empty"),
         (["predict", "--model", "{tmp}/missing", "x"], "does not exist"),
         (["predict", "--model", "{tmp}", "x"], "config.json: missing"),

@@ -30,7 +30,7 @@ async def classify_texts(
     max_budget: Annotated[BudgetValue | None, Query(
         description="With budget=auto: the ceiling no text spends more than (at most the tier's max_budget)")] = None,
 ) -> ClassifyResponse:
-    """Classify one text or up to 64, running only the attention heads the budget buys."""
+    """Classify one text or up to 64, running only the heads, neurons and layers the budget buys."""
     # Served by service/fastpath.py unless the request is one it hands on (an error case) or it is off.
     return ClassifyResponse.model_validate(
         await answer(runtime, caller, body, BudgetParams(budget, max_latency_ms, max_budget), request))

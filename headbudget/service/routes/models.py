@@ -21,11 +21,11 @@ async def list_models(runtime: RuntimeDep) -> ModelList:
     if info is None or latency is None:
         raise Unavailable("the model is not loaded yet", retry_after_s=5)
     accuracy = info.sweep.accuracy if info.sweep else {}
+    grid = sorted(runtime.budget_grid())
     points = [BudgetPoint(budget=b, heads_active=runtime.grid_heads.get(b, 0),
                           neurons_active=runtime.grid_neurons.get(b), layers_run=runtime.grid_depth.get(b),
-                          accuracy=accuracy.get(b),
-                          latency_ms=round(latency.estimate_ms(b, latency.ref_tokens), 3))
-              for b in runtime.budget_grid()]
+                          accuracy=accuracy.get(b), latency_ms=round(ms, 3), latency_tokens=round(latency.ref_tokens))
+              for b, ms in zip(grid, latency.estimates_ms(grid, latency.ref_tokens), strict=True)]
     dense = info.sweep.dense_accuracy if info.sweep else None
     unit = runtime.unit
     unit_info = None if unit is None else ComputeUnitInfo(

@@ -37,7 +37,9 @@ function describePlan() {
   if (p.neurons_active !== null) parts.push(`${p.neurons_active} neurons`);
   parts.push(`${layersOf(p)} layers`);
   if (p.accuracy !== null) parts.push(`offline accuracy ${pct(p.accuracy)}`);
-  if (p.latency_ms !== null) parts.push(`about ${ms(p.latency_ms)} per text`);
+  if (p.latency_ms !== null) {
+    parts.push(`about ${ms(p.latency_ms)} per text` + (p.latency_tokens ? ` of ${p.latency_tokens} tokens` : ""));
+  }
   $("plan").textContent = `${at}: ${parts.join(" · ")}`;
 }
 
