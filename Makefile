@@ -24,6 +24,10 @@ PRECISION ?= int8
 # the published method).
 SCOPE ?= model
 
+# Test files run on two workers (pytest-xdist): most of the suite waits on servers and subprocesses, and the trained
+# session fixtures are built once for both (tests/conftest.py, built_once).
+TEST_WORKERS ?= 2
+
 .PHONY: install system-deps test lint run train bench serve clean
 
 $(BIN)/python:
@@ -58,7 +62,7 @@ system-deps:
 # linters run first (ruff, mypy on the serving packages, the import contracts): a lint failure fails the suite.
 test: lint system-deps
 	$(BIN)/lint-imports
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=15 tests
 
 lint: install
 	$(BIN)/ruff check .

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -72,25 +73,39 @@ def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str
                           timeout=timeout, env=env)
 
 
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]) -> Path:
+    """``build(folder)`` once per run, however many pytest-xdist workers ask: the first builds under a lock in
+    the folder the workers share, the others wait and reuse it (a trained fixture costs up to a minute)."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder, done = root / "shared" / name, root / "shared" / f"{name}.done"
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / "shared" / f"{name}.lock")):
+        if not done.exists():
+            build(folder)
+            done.touch()
+    return folder
+
+
+def _train(out: Path, *args: str) -> None:
+    proc = run_cli("train", "--base", "tiny", "--data", "synthetic", "--recipe", "smoke", *args,
+                   "--out", str(out), "--device", "cpu")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 @pytest.fixture(scope="session")
 def smoke_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The `smoke` recipe with the attention-only budget, trained end to end by the real CLI (tiny base,
-    synthetic task), once per session."""
-    out = tmp_path_factory.mktemp("smoke") / "smoke"
-    proc = run_cli("train", "--base", "tiny", "--data", "synthetic", "--recipe", "smoke", "--scope", "attention",
-                   "--out", str(out), "--device", "cpu")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return out
+    synthetic task), once per run."""
+    return built_once(tmp_path_factory, "smoke", lambda out: _train(out, "--scope", "attention"))
 
 
 @pytest.fixture(scope="session")
 def smoke_model_scope_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The `smoke` recipe with the whole-model budget (``--scope model``), trained once per session."""
-    out = tmp_path_factory.mktemp("smoke-model") / "smoke-model"
-    proc = run_cli("train", "--base", "tiny", "--data", "synthetic", "--recipe", "smoke", "--scope", "model",
-                   "--out", str(out), "--device", "cpu")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return out
+    """The `smoke` recipe with the whole-model budget (``--scope model``), trained once per run."""
+    return built_once(tmp_path_factory, "smoke-model", lambda out: _train(out, "--scope", "model"))
 
 
 # Smoke-sized adaptive runs: a shorter dense warm start than `smoke` (the tests check the pipeline and
@@ -109,4 +124,4 @@ def train_adaptive_smoke(out: Path, kind: str) -> Path:
 @pytest.fixture(scope="session")
 def budgetformer_smoke(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A smoke-sized BudgetFormer checkpoint (for `budget=auto` end to end), once per session."""
-    return train_adaptive_smoke(tmp_path_factory.mktemp("bf") / "budgetformer", "budgetformer")
+    return built_once(tmp_path_factory, "budgetformer", lambda out: train_adaptive_smoke(out, "budgetformer"))

@@ -29,3 +29,26 @@ def test_no_command_is_one_line_naming_what_is_missing(capsys: pytest.CaptureFix
         main([])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == "headbudget: error: the following arguments are required: COMMAND\n"
+
+
+@pytest.mark.parametrize("text", ["0.05", "0.0999", "0.1", "0.5", "1", "1.01", "nan", "inf", "-0.2"])
+def test_the_cli_takes_the_budgets_the_api_takes(text: str) -> None:
+    """One range for both: a budget `headbudget predict` runs is one /classify answers, and the reverse."""
+    import argparse
+
+    from pydantic import ValidationError
+
+    from headbudget.commands.common import budget_arg
+    from headbudget.service.schemas import ClassifyRequest
+
+    try:
+        budget_arg(text)
+        cli = True
+    except argparse.ArgumentTypeError:
+        cli = False
+    try:
+        ClassifyRequest.model_validate({"text": "x", "budget": float(text)})
+        api = True
+    except ValidationError:
+        api = False
+    assert cli == api

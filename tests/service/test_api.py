@@ -286,3 +286,35 @@ async def test_concurrent_requests_share_a_batch_by_mask() -> None:
     batches = sorted(sorted(texts) for texts, _ in engine.calls)
     assert batches == [["first"], ["t0", "t2", "t4"], ["t1", "t3"]]  # 0.5 and 0.52 keep the same 4 heads
     assert [r.json()["results"][0]["budget_applied"] for r in results] == [1.0, 0.5, 0.25, 0.5, 0.25, 0.52]
+
+
+async def test_models_latency_is_monotone_and_names_its_length() -> None:
+    """A bucket's correction may pull a larger budget's estimate below a smaller one's (here 0.6 looks faster than
+    0.5 after the passes it saw); /v1/models lists no budget as faster than a smaller one, and says for what
+    text length its figures hold."""
+    sweep = {"dense_accuracy": 0.9, "points": [{"budget": b, "hard_cost": b, "accuracy_hard": 0.8}
+                                               for b in (0.5, 0.6, 1.0)]}
+    bench = {"seq_len": 16, "batch_size": 1, "rows": [{"budget": b, "latency_ms": 4.0 * b} for b in (0.5, 0.6, 1.0)]}
+    async with running_app(engine=FakeEngine(sweep=sweep, bench=bench)) as (client, app, _):
+        latency = app.state.runtime.batcher.latency
+        for _ in range(20):
+            latency.observe(0.5, 16, 2.0)  # 0.5 ran at its table time
+            latency.observe(0.6, 16, 1.0)  # 0.6 at under half its own
+        raw = [latency.estimate_ms(b, 16) for b in (0.5, 0.6, 1.0)]
+        card = (await client.get("/v1/models")).json()["data"][0]
+    assert raw[1] < raw[0]  # what a bucket alone would say
+    shown = [p["latency_ms"] for p in card["budgets"]]
+    assert shown == sorted(shown) and shown[1] == pytest.approx(shown[0])
+    assert {p["latency_tokens"] for p in card["budgets"]} == {16}
+
+
+async def test_openapi_says_what_a_budget_buys() -> None:
+    """The budget is a share of the whole model's multiply-adds, not of the attention heads alone."""
+    async with running_app() as (client, _, _):
+        spec = (await client.get("/openapi.json")).json()
+    text = json.dumps(spec).lower()
+    assert "attention compute" not in text and "attention heads to run" not in text
+    assert "only the attention heads" not in text
+    budget = spec["components"]["schemas"]["ClassifyRequest"]["properties"]["budget"]["description"]
+    assert "multiply-adds" in budget and "neurons" in budget
+    assert "multiply-adds" in spec["info"]["description"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -45,9 +46,10 @@ def test_budgetformer_trains_and_reports_predicted_budgets(budgetformer_smoke: P
     assert caps[-1]["mean_cost"] == pytest.approx(rep["mean_cost"])
 
 
-def test_resume_skips_the_finished_stages(budgetformer_smoke: Path) -> None:
+def test_resume_skips_the_finished_stages(budgetformer_smoke: Path, tmp_path: Path) -> None:
+    run = shutil.copytree(budgetformer_smoke, tmp_path / "run")  # a resume rewrites the folder others read
     proc = run_cli("train", "--base", "tiny", "--data", "synthetic", "--recipe", "smoke", "--model", "budgetformer",
-                   "--out", str(budgetformer_smoke), "--device", "cpu", "--no-sweep",
+                   "--out", str(run), "--device", "cpu", "--no-sweep",
                    "--set", "dense_epochs=3", "--set", "adapt_epochs=1", "--set", "synthetic_size=1500")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr.count("already done") == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -31,9 +32,10 @@ def test_smoke_trains_and_sweeps(smoke_checkpoint: Path) -> None:
         assert (smoke_checkpoint / "stages" / stage / "done.json").is_file()
 
 
-def test_resume_skips_finished_stages(smoke_checkpoint: Path) -> None:
+def test_resume_skips_finished_stages(smoke_checkpoint: Path, tmp_path: Path) -> None:
+    run = shutil.copytree(smoke_checkpoint, tmp_path / "run")  # a resume rewrites the folder others read
     proc = run_cli("train", "--base", "tiny", "--data", "synthetic", "--recipe", "smoke", "--scope", "attention",
-                   "--out", str(smoke_checkpoint), "--device", "cpu", "--no-sweep")
+                   "--out", str(run), "--device", "cpu", "--no-sweep")
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("already done") == 3
 
@@ -74,6 +76,7 @@ def write_folder(folder: Path, train: str, test: str) -> Path:
     [
         (["predict", "--model", "{ckpt}", "--budget", "1.5", "x"], "budget must be a number in [0.1, 1]"),
         (["predict", "--model", "{ckpt}", "--budget", "nan", "x"], "budget must be a number in [0.1, 1]"),
+        (["predict", "--model", "{ckpt}", "--budget", "0.05", "x"], "budget must be a number in [0.1, 1]"),
         (["predict", "--model", "{ckpt}", "   "], "text is empty"),
         (["predict", "--model", "{tmp}/missing", "x"], "does not exist"),
         (["predict", "--model", "{tmp}", "x"], "config.json: missing"),

@@ -4,6 +4,7 @@ checkpoint's config, resuming, and the refusals."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -38,13 +39,14 @@ def test_smoke_model_scope_trains_and_sweeps_heads_and_neurons(smoke_model_scope
 
 
 def test_model_scope_resumes_and_an_attention_run_may_not_reuse_its_folder(
-        smoke_model_scope_checkpoint: Path) -> None:
+        smoke_model_scope_checkpoint: Path, tmp_path: Path) -> None:
+    run = shutil.copytree(smoke_model_scope_checkpoint, tmp_path / "run")  # a resume rewrites the folder
     proc = run_cli("train", "--base", "tiny", "--data", "synthetic", "--recipe", "smoke", "--scope", "model",
-                   "--out", str(smoke_model_scope_checkpoint), "--device", "cpu", "--no-sweep")
+                   "--out", str(run), "--device", "cpu", "--no-sweep")
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("already done") == 3
     other = run_cli("train", "--base", "tiny", "--data", "synthetic", "--recipe", "smoke", "--scope", "attention",
-                    "--out", str(smoke_model_scope_checkpoint), "--device", "cpu", "--no-sweep")
+                    "--out", str(run), "--device", "cpu", "--no-sweep")
     assert other.returncode != 0 and "different run" in other.stderr
 
 

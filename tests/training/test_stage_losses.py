@@ -172,7 +172,7 @@ def test_stages_copied_from_a_run_with_other_exits_train_this_runs_exits(tmp_pat
     its own exits, not the copied configuration's, and a copied stage 3 is refused."""
     src = tmp_path / "src"
     common = ("--base", "tiny", "--data", "synthetic", "--recipe", "smoke", "--scope", "model", "--device", "cpu",
-              "--set", "hard_epochs=0.2", "--no-sweep")
+              "--set", "dense_epochs=1", "--set", "budget_epochs=1", "--set", "hard_epochs=0.2", "--no-sweep")
     proc = run_cli("train", *common, "--exits", "1", "--out", str(src))
     assert proc.returncode == 0, proc.stderr[-2000:]
     dst = tmp_path / "dst"
