@@ -208,7 +208,7 @@ class EngineBase:
             preds.append(Prediction(
                 label=labels[int(np.argmax(logits))], scores=dict(zip(labels, probs.tolist(), strict=True)),
                 logits=logits.tolist(), n_tokens=lengths[i], truncated=enc.truncated[i], cost=cost,
-                budget_chosen=run.passes[-1], budget_applied=run.passes[-1], passes=tuple(run.passes)))
+                budget_chosen=run.passes[-1], passes=tuple(run.passes)))
         heads = round(sum(p.cost.heads_active for p in preds) / len(preds))
         return BatchResult(predictions=preds, budget=c, heads_active=heads, heads_total=self.cfg.total_heads,
                            latency_s=latency)

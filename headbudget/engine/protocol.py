@@ -59,8 +59,8 @@ class Engine(Protocol):
         budget is ``predict`` capped at the ceiling (BudgetError on a checkpoint with neither). Under a decider
         each text runs at the budgets it picks for that text, the sum of its passes never above one pass at the
         ceiling; ``target`` selects the operating point calibrated for that mean cost (None: the default one).
-        Each Prediction then says the budget it ended at (``budget_applied``, also ``budget_chosen``), every
-        pass it ran (``passes``), and costs their sum. ``tokens``: the texts as this engine's Meter tokenized them
+        Each Prediction then says the budget it ended at (``budget_chosen``), every pass it ran (``passes``), and
+        costs their sum; the ceiling is the budget every text ran under. ``tokens``: the texts as this engine's Meter tokenized them
         (``Meter.tokenize``), run as they are instead of tokenizing the texts again."""
         ...
 

@@ -71,9 +71,8 @@ class Prediction:
     # saved in ``cost``). With a decider (``Engine.run`` with ``Auto``), the budget it chose for this text: that
     # of the pass whose answer this is.
     budget_chosen: float | None = None
-    # Only under a decider's ``Auto``: the budget of the pass that gave this answer (None: the batch's budget ran),
-    # and every pass the text ran, in order; ``cost`` sums them all (a cascade's cheap pass included).
-    budget_applied: float | None = None
+    # Only under a decider's ``Auto``: every pass the text ran, in order; ``cost`` sums them all (a cascade's cheap
+    # pass included), and the ceiling of the ``Auto`` bounds that sum.
     passes: tuple[float, ...] = ()
 
 

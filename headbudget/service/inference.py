@@ -255,11 +255,9 @@ async def classify(runtime: Runtime, caller: Caller, body: ClassifyRequest, choi
 
 
 def text_budgets(result: JobResult) -> list[float]:
-    """Each text's applied budget: the budget that ran. Under a decider's auto, the budget of the text's last pass
-    (its own); otherwise the one its request ran under (on a checkpoint that chooses per text, the cap of that
-    choice; what it chose is the text's budget_chosen)."""
-    return [p.budget_applied if p.budget_applied is not None else result.budget_applied
-            for p in result.predictions]
+    """Each text's applied budget: the budget its request ran under, which bounds the text's cost. Under auto, the
+    ceiling its passes (or its own choice) stayed within; what it chose is the text's budget_chosen."""
+    return [result.budget_applied] * len(result.predictions)
 
 
 async def _remember(runtime: Runtime, request_id: str, caller: Caller, result: JobResult,

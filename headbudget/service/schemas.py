@@ -88,14 +88,15 @@ class TextResult(BaseModel):
         description="the budget asked for (the request's, the tier default, or the one `max_latency_ms` chose), "
                     "or `auto`: the checkpoint chose this text's budget")
     budget_applied: float = Field(
-        description="the budget this text ran under: the requested one, lower if degraded (for `auto` on a "
-                    "checkpoint that predicts its own budget: the cap, the tier's max_budget or max_budget); on "
-                    "checkpoints that choose per text, the cap of that choice; for `auto` through a decider, the "
-                    "budget of the pass that gave this answer (at most the ceiling)")
+        description="the budget this text ran under, which bounds its `cost`: the requested one, lower if "
+                    "degraded; for `auto`, the ceiling (the tier's max_budget or max_budget, lower if degraded): "
+                    "on checkpoints that predict their own budget the cap of that choice, through a decider the "
+                    "budget all of the text's passes together stay within")
     budget_chosen: float | None = Field(
         None, description="what `auto` chose for this text: on checkpoints that predict their own budget, the "
                           "fraction of heads it chose to run, within the heads `budget_applied` buys as a cap; "
-                          "through a decider, the budget it ended at (= budget_applied); null otherwise")
+                          "through a decider, the budget of the pass that gave the answer (the last of `passes`); "
+                          "null otherwise")
     passes: list[float] | None = Field(
         None, description="`auto` through a decider: the budget of every pass this text ran, in order (a cascade "
                           "runs a cheap pass first and escalates unsure texts); `cost` counts them all. Null when "

@@ -135,7 +135,7 @@ def auto_report(engine: EngineBase, split: Split, deciders: Sequence[tuple[str, 
                 "mean_cost": float(np.mean([p.cost.ratio for p in preds])),
                 "accuracy": float(np.mean([p.label == g for p, g in zip(preds, gold, strict=True)])),
                 "escalated": float(np.mean([len(p.passes) > 1 for p in preds])),
-                "mean_budget": float(np.mean([p.budget_applied for p in preds])),
+                "mean_budget": float(np.mean([p.budget_chosen for p in preds])),
                 "setting": pt.to_dict()})
             configs[f"{name}:{pt.target}"] = _auto_run(engine, decider, pt.target)
     sample = list(texts[:latency_examples])

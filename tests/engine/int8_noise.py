@@ -47,14 +47,15 @@ def _int8_linear(saturating: bool) -> Callable[[nn.Linear, torch.Tensor], torch.
         xq, sx, zx = _u8(x.double())
         wq, sw = _rows(self.weight.double())  # (out, in)
         rows = xq.reshape(-1, xq.shape[-1])
-        if saturating:  # sum(x * w) as int16-saturated pairs of products, the pairs summed in int32
+        acc = rows @ wq.T
+        if saturating:  # pairs of products summed in a saturating int16 first: correct the pairs that overflow
             k = rows.shape[1] - rows.shape[1] % 2
-            wp = wq[:, :k].reshape(len(wq), k // 2, 2)
-            acc = torch.cat([torch.clamp(torch.einsum("bkj,okj->bko", part[:, :k].reshape(len(part), k // 2, 2), wp),
-                                         -32768, 32767).sum(1) for part in rows.split(16)])
-            acc = acc + rows[:, k:] @ wq[:, k:].T
-        else:
-            acc = rows @ wq.T
+            even, odd = wq[:, 0:k:2], wq[:, 1:k:2]  # (out, K/2)
+            # With x in [0, 255], only a pair whose two weights sum past 32767 / 255 in magnitude can overflow.
+            out, pair = torch.nonzero((even.abs() + odd.abs()) * 255 > 32767, as_tuple=True)
+            if len(out):
+                sums = rows[:, 2 * pair] * even[out, pair] + rows[:, 2 * pair + 1] * odd[out, pair]  # (rows, n)
+                acc = acc.index_add(1, out, torch.clamp(sums, -32768, 32767) - sums)
         y = (acc - zx * wq.sum(1)) * sx * sw[:, 0]
         if self.bias is not None:
             y = y + self.bias.double()

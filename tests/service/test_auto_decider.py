@@ -66,12 +66,12 @@ class FakeDecider(FakeEngine):
                 runs = [self._predict([text], b).predictions[0] for b in self.passes(text, ceiling)]
                 last, budgets = runs[-1], tuple(self.passes(text, ceiling))
                 preds.append(replace(last, cost=passes_cost([r.cost for r in runs]), budget_chosen=budgets[-1],
-                                     budget_applied=budgets[-1], passes=budgets))
+                                     passes=budgets))
             return BatchResult(predictions=preds, budget=ceiling, heads_active=1, heads_total=8, latency_s=0.001)
 
 
-def applied(r: Any) -> list[float]:
-    return [x["budget_applied"] for x in r.json()["results"]]
+def chosen(r: Any) -> list[float]:
+    return [x["budget_chosen"] for x in r.json()["results"]]
 
 
 async def test_auto_runs_each_text_at_its_own_budgets_under_the_tier_ceiling() -> None:
@@ -84,10 +84,13 @@ async def test_auto_runs_each_text_at_its_own_budgets_under_the_tier_ceiling() -
         assert r.status_code == 200, r.text
         out = r.json()
         assert out["budget_source"] == "request" and out["degraded"] is False
-        assert applied(r) == [0.5, 0.25, 0.5, 0.25]  # the budget each text ended at
+        assert chosen(r) == [0.5, 0.25, 0.5, 0.25]  # the budget each text ended at
         for text, res in zip(TEXTS, out["results"], strict=True):
             passes = engine.passes(text, 1.0)
-            assert res["budget_requested"] == "auto" and res["budget_chosen"] == res["budget_applied"]
+            # applied: the ceiling all of the text's passes together stay within (the real engine's test below
+            # checks that they do)
+            assert res["budget_requested"] == "auto" and res["budget_applied"] == 1.0
+            assert res["budget_chosen"] == passes[-1]
             assert res["passes"] == passes
             # the cost counts every pass: the cheap one and the escalated one
             alone = [engine._predict([text], b).predictions[0].cost for b in passes]
@@ -108,9 +111,9 @@ async def test_max_budget_is_a_ceiling_for_auto(where: str) -> None:
         low = await client.post("/classify?budget=auto&max_budget=0.2", json={"texts": TEXTS}, headers=headers())
     assert r.status_code == cheap.status_code == low.status_code == 200, r.text
     assert [c for _, c in engine.auto_calls] == [0.5, 0.5, 0.2]  # the request's ceiling, then cheap's max_budget
-    assert applied(r) == applied(cheap) == [0.25] * 4  # no room to escalate: 0.25 + 0.5 > 0.5
-    assert applied(low) == [0.2] * 4  # the cheap stage is above the ceiling: one pass at the ceiling
-    assert all(x["budget_applied"] <= 0.5 and x["passes"] == [0.25] for x in r.json()["results"])
+    assert chosen(r) == chosen(cheap) == [0.25] * 4  # no room to escalate: 0.25 + 0.5 > 0.5
+    assert chosen(low) == [0.2] * 4  # the cheap stage is above the ceiling: one pass at the ceiling
+    assert all(x["budget_applied"] == 0.5 and x["passes"] == [0.25] for x in r.json()["results"])
 
 
 async def test_max_budget_refusals() -> None:
@@ -144,7 +147,7 @@ async def test_auto_has_its_own_metrics_bucket_and_feedback() -> None:
         metrics = (await client.get("/metrics")).text
         card = (await client.get("/v1/models")).json()["data"][0]
     assert auto.status_code == capped.status_code == full.status_code == fb.status_code == 200
-    assert fb.json()["budget_applied"] == 0.5  # what that text ran at
+    assert fb.json()["budget_applied"] == 1.0  # the ceiling that text ran under
     assert sample(metrics, "headbudget_inference_duration_seconds_count", budget="auto") == 2  # any ceiling
     assert sample(metrics, "headbudget_inference_duration_seconds_count", budget="1.0") == 1  # a number is a number
     assert sample(metrics, "headbudget_feedback_total", budget="auto", correct="true") == 1
@@ -184,7 +187,7 @@ async def test_tei_auto_runs_through_the_decider() -> None:
     async with running_app(engine=engine) as (client, _, _):
         r = await client.post("/predict?budget=auto", json={"inputs": [["a"], ["ab"]]}, headers=headers())
     assert r.status_code == 200, r.text
-    assert r.headers["x-budget-applied"] == "0.5,0.25" and engine.auto_calls == [(["a", "ab"], 1.0)]
+    assert r.headers["x-budget-applied"] == "1,1" and engine.auto_calls == [(["a", "ab"], 1.0)]
 
 
 async def test_the_client_asks_for_auto_under_a_ceiling() -> None:
@@ -194,7 +197,8 @@ async def test_the_client_asks_for_auto_under_a_ceiling() -> None:
         async with AsyncClient("http://test", api_key=KEYS["balanced"], transport=transport) as hb:
             answer = await hb.classify(TEXTS, budget="auto", max_budget=0.5)
             card = (await hb.models()).data[0]
-    assert [r.budget_applied for r in answer.results] == [0.25] * 4
+    assert [r.budget_applied for r in answer.results] == [0.5] * 4
+    assert [r.budget_chosen for r in answer.results] == [0.25] * 4
     assert [r.passes for r in answer.results] == [[0.25]] * 4 and engine.auto_calls == [(TEXTS, 0.5)]
     assert card.decider == "cascade" and card.supports_auto
 
@@ -236,7 +240,7 @@ async def test_real_engine_with_a_decider_answers_auto_within_the_ceiling(tiny_m
         for res in r.json()["results"]:
             passes, n = res["passes"], res["n_tokens"]
             costs = [engine.plan(b).cost(engine.shape, n) for b in passes]
-            assert passes[0] == 0.15 and res["budget_applied"] == passes[-1] <= ceiling
+            assert passes[0] == 0.15 and res["budget_chosen"] == passes[-1] <= res["budget_applied"] == ceiling
             assert sum(c.total_macs for c in costs) <= engine.plan(ceiling).cost(engine.shape, n).total_macs
             assert res["cost"] == pytest.approx(sum(c.total_macs for c in costs) / costs[0].total_macs_dense,
                                                 abs=1e-6)
@@ -256,7 +260,7 @@ async def test_tei_takes_autos_ceiling_as_max_budget(where: str) -> None:
         bad = await client.post("/predict?budget=auto&max_budget=lots", json={"inputs": "a"}, headers=headers())
         numeric = await client.post("/predict?budget=0.5&max_budget=0.5", json={"inputs": "a"}, headers=headers())
     assert r.status_code == 200, r.text
-    assert r.headers["x-budget-applied"] == "0.25,0.25" and engine.auto_calls == [(["a", "ab"], 0.5)]
+    assert r.headers["x-budget-applied"] == "0.5,0.5" and engine.auto_calls == [(["a", "ab"], 0.5)]
     assert over.status_code == 403 and over.json()["error_type"], over.text
     for refused in (both, bad, numeric):
         assert refused.status_code == 422 and set(refused.json()) == {"error", "error_type"}, refused.text
