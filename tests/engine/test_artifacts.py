@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from headbudget.engine.artifacts import BenchRecord, SweepRecord
@@ -36,3 +38,20 @@ def test_bench_table_at_the_documents_or_the_rows_tokens() -> None:
 @pytest.mark.parametrize("doc", [None, {"rows": "x"}, {"rows": [{"budget": "x"}, {"budget": 0.5}]}])
 def test_unusable_benches_are_none(doc: object) -> None:
     assert BenchRecord.parse(doc) is None
+
+
+def test_an_engine_without_bench_json_times_itself_at_warmup(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """The service's latency table then comes from the engine that serves, in its own process."""
+    from headbudget.engine.factory import load_engine
+    from headbudget.engine.types import EngineOptions
+    from headbudget.models.budget import BUDGET_GRID
+
+    assert not (tiny_checkpoint / "bench.json").exists()
+    engine = load_engine(tiny_checkpoint, EngineOptions(precision="int8", cache_dir=tmp_path, max_length=100))
+    assert engine.info.bench is None
+    engine.warmup()
+    bench = engine.info.bench
+    assert bench is not None and bench.reference_tokens == 64
+    assert sorted(bench.table) == list(BUDGET_GRID)
+    for points in bench.table.values():  # 128 tokens is past this engine's limit: its limit instead
+        assert [t for t, _ in points] == [16.0, 64.0, 100.0] and all(ms > 0 for _, ms in points)
