@@ -168,8 +168,9 @@ def run_stage(
             opt.step()
             sched.step()
             step += 1
+            # The validation figure once there is one (the quick recipe evaluates once, at a stage's end).
             bar.update(loss=f"{loss.item():.3f}", **({"b": f"{b:.2f}"} if shows_budget else {}),
-                       val=f"{max(best, 0):.3f}")
+                       **({"val": f"{best:.3f}"} if history else {}))
             if step % eval_every == 0 or step == steps:
                 # An adaptive model is evaluated as served: its plain forward runs at progress 1.0 (final
                 # temperature) and eval mode adds no noise.
