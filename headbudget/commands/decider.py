@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from headbudget.commands.common import existing_dir, positive_int
@@ -31,6 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--precision", choices=("fp32", "int8"), default="fp32",
                    help="the ONNX Runtime engine that computes every budget's answers (serve with the same)")
     p.add_argument("--limit", type=positive_int, default=4000, help="validation texts to calibrate on")
+    p.add_argument("--threads", type=positive_int, default=os.cpu_count() or 1,
+                   help="ONNX Runtime threads for the calibration passes (default: every core)")
     p.add_argument("--test-limit", type=positive_int, default=None, help="test texts for the comparison")
     p.add_argument("--latency-examples", type=positive_int, default=200,
                    help="test texts timed one at a time for the comparison")
@@ -58,12 +61,15 @@ def run(args: argparse.Namespace) -> int:
     if not model_type(cfg.model_type).static_plans:
         raise CliError(f"{args.model}: a {cfg.model_type} checkpoint chooses its own budget per input; a decider "
                        "serves budget=auto on budgeted checkpoints only")
-    engine = measurement_engine(args.model, args.precision)
+    # The answers are the same on any number of threads, so the calibration takes every core; the comparison's
+    # timings (--kind both) run on one thread, as a worker serves.
+    calibration = measurement_engine(args.model, args.precision, threads=args.threads)
     ds, val, _ = checkpoint_split(args.model, config, cfg.labels, cfg.max_position, args.data, "validation",
                                   args.limit)
     print(f"calibrating on {len(val)} validation texts of {ds.name}: every grid budget through the "
           f"{args.precision} engine")
-    passes = collect(engine, val)
+    passes = collect(calibration, val)
+    engine = calibration if args.threads == 1 else measurement_engine(args.model, args.precision)
     kinds = ("cascade", "predictor") if args.kind == "both" else (args.kind or DEFAULT_KIND,)
     targets = args.targets or TARGETS
     made = {}

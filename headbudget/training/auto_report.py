@@ -37,9 +37,10 @@ log = logging.getLogger(__name__)
 BATCH = 32
 
 
-def measurement_engine(model_dir: Path, precision: Precision = "fp32") -> EngineBase:
-    """The ONNX Runtime engine as served, one thread, without per-budget prepacked sessions (see above)."""
-    engine = load_engine(model_dir, EngineOptions(precision=precision, prepacked_budgets=()))
+def measurement_engine(model_dir: Path, precision: Precision = "fp32", threads: int = 1) -> EngineBase:
+    """The ONNX Runtime engine as served, one thread unless told, without per-budget prepacked sessions (see
+    above)."""
+    engine = load_engine(model_dir, EngineOptions(precision=precision, prepacked_budgets=(), threads=threads))
     assert isinstance(engine, EngineBase)
     return engine
 
