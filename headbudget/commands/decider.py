@@ -69,12 +69,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"calibrating on {len(val)} validation texts of {ds.name}: every grid budget through the "
           f"{args.precision} engine")
     passes = collect(calibration, val)
-    engine = calibration if args.threads == 1 else measurement_engine(args.model, args.precision)
     kinds = ("cascade", "predictor") if args.kind == "both" else (args.kind or DEFAULT_KIND,)
     targets = args.targets or TARGETS
     made = {}
     for kind in kinds:
-        d = fit(kind, passes, engine.info.checksum, cfg.labels, targets, default_target=args.default_target)
+        d = fit(kind, passes, calibration.info.checksum, cfg.labels, targets, default_target=args.default_target)
         d.meta.update(dataset=ds.name, split="validation", precision=args.precision)
         made[kind] = d
         print(f"{kind}: " + "; ".join(f"target {p.target:.2f}: cost {p.mean_cost:.3f} acc {p.accuracy:.4f}"
@@ -83,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     if len(kinds) > 1:
         _, test, _ = checkpoint_split(args.model, config, cfg.labels, cfg.max_position, args.data, "test",
                                       args.test_limit)
-        doc = auto_report(engine, test, list(made.items()), ds.name, "test", args.latency_examples, args.repeats)
+        timing = calibration if args.threads == 1 else measurement_engine(args.model, args.precision)
+        doc = auto_report(timing, test, list(made.items()), ds.name, "test", args.latency_examples, args.repeats)
         keep = winner(doc)
         for d in doc["deciders"]:
             d["kept"] = d["name"] == keep

@@ -60,8 +60,8 @@ class Engine(Protocol):
         each text runs at the budgets it picks for that text, the sum of its passes never above one pass at the
         ceiling; ``target`` selects the operating point calibrated for that mean cost (None: the default one).
         Each Prediction then says the budget it ended at (``budget_chosen``), every pass it ran (``passes``), and
-        costs their sum; the ceiling is the budget every text ran under. ``tokens``: the texts as this engine's Meter tokenized them
-        (``Meter.tokenize``), run as they are instead of tokenizing the texts again."""
+        costs their sum; the ceiling is the budget every text ran under. ``tokens``: the texts as this engine's
+        Meter tokenized them (``Meter.tokenize``), run as they are instead of tokenizing the texts again."""
         ...
 
     def warmup(self) -> None:

@@ -62,8 +62,9 @@ def create_app(config: ServiceConfig, engine_factory: Callable[[], Engine], *, c
             mark_worker_dead(os.getpid())
 
     app = FastAPI(title="headbudget", version=headbudget.__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
-                  description="Text classification where each request chooses how much of the model's compute its "
-                              "answer gets: a budget in [0.1, 1], the fraction of the dense model's multiply-adds.", **_TELEMETRY_OFF)
+                  description="Text classification where each request chooses how much of the model's compute "
+                              "its answer gets: a budget in [0.1, 1], the fraction of the dense model's "
+                              "multiply-adds.", **_TELEMETRY_OFF)
     app.state.runtime = runtime
     install_error_handlers(app)
 

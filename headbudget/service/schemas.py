@@ -31,10 +31,11 @@ class ClassifyRequest(_Body):
     texts: Annotated[list[Text], Field(min_length=1, max_length=MAX_TEXTS)] | None = Field(
         None, description=f"Up to {MAX_TEXTS} texts, answered in order.")
     budget: BudgetParam | None = Field(
-        None, description="Fraction of the dense model's multiply-adds to spend, in [0.1, 1]: the heads, feed-forward "
-                          "neurons and layers it buys (heads only on an attention-scope checkpoint); on checkpoints that predict their "
-                          "own budget per text (`supports_auto` in /v1/models) a number is a cap and `auto` runs "
-                          "each text at its own, capped at the tier's max_budget; on a budgeted checkpoint with a "
+        None, description="Fraction of the dense model's multiply-adds to spend, in [0.1, 1]: the heads, "
+                          "feed-forward neurons and layers it buys (heads only on an attention-scope checkpoint); "
+                          "on checkpoints that predict their own budget per text (`supports_auto` in /v1/models) a "
+                          "number is a cap and `auto` runs each text at its own, capped at the tier's max_budget; "
+                          "on a budgeted checkpoint with a "
                           "decider (`decider` in /v1/models) `auto` lets the decider pick each text's budget at "
                           "the checkpoint's default operating point. Default: the tier's default.")
     max_budget: BudgetValue | None = Field(
@@ -168,8 +169,9 @@ class BudgetPoint(BaseModel):
                                                      "one of the checkpoint's exits; null when it runs every layer")
     accuracy: float | None = Field(None, description="offline accuracy from sweep.json")
     latency_ms: float | None = Field(None, description="one pass of one text of `latency_tokens` tokens: the "
-                                     "benchmark table, corrected by the passes the service has run; never below "
-                                     "a smaller budget's")
+                                     "benchmark table (or, without bench.json, the engine's own timing at "
+                                     "start-up), corrected by the passes the service has run; never below a "
+                                     "smaller budget's")
     latency_tokens: int | None = Field(None, description="the text length `latency_ms` is for (a shorter text "
                                        "takes less)")
 
