@@ -160,7 +160,7 @@ class EngineBase:
         enc = tokenized(self.encoder, texts, tokens)
         plan = self.plan(b)
         t0 = time.perf_counter()
-        logits = self.forward_rows(enc.ids, plan)
+        logits, ran = self.forward_rows(enc.ids, plan)
         latency = time.perf_counter() - t0
         probs = softmax(logits.astype(np.float64))
         labels = self.cfg.labels
@@ -173,7 +173,7 @@ class EngineBase:
                 logits=row, n_tokens=n, truncated=enc.truncated[i], cost=plan.cost(self.shape, n),
             ))
         return BatchResult(predictions=preds, budget=b, heads_active=plan.heads_active,
-                           heads_total=plan.heads_total, latency_s=latency)
+                           heads_total=plan.heads_total, latency_s=latency, tokens_run=ran)
 
     def run(self, texts: Sequence[str], request: Runnable, tokens: Tokens | None = None) -> BatchResult:
         resolved = self.info.resolve(request)
@@ -188,9 +188,13 @@ class EngineBase:
         c = check_budget(request.ceiling)
         enc = tokenized(self.encoder, texts, tokens)
         lengths = [len(ids) for ids in enc.ids]
+        ran = 0
 
         def run_pass(budget: float, idx: list[int]) -> np.ndarray:
-            return self.forward_rows([enc.ids[i] for i in idx], self.plan(budget))
+            nonlocal ran
+            logits, tokens = self.forward_rows([enc.ids[i] for i in idx], self.plan(budget))
+            ran += tokens
+            return logits
 
         def pass_macs(budget: float, n: int) -> int:
             return self.pass_cost(budget, n).total_macs
@@ -211,16 +215,16 @@ class EngineBase:
                 budget_chosen=run.passes[-1], passes=tuple(run.passes)))
         heads = round(sum(p.cost.heads_active for p in preds) / len(preds))
         return BatchResult(predictions=preds, budget=c, heads_active=heads, heads_total=self.cfg.total_heads,
-                           latency_s=latency)
+                           latency_s=latency, tokens_run=ran)
 
-    def forward_rows(self, rows: Sequence[Sequence[int]], plan: ExecutionPlan) -> np.ndarray:
-        """Logits (B, C) for tokenized texts, in passes whose activations stay under ``max_activation_bytes``
-        (engine/passes.py); each pass pads to its own longest text. In fp32 a text's logits do not depend on its
-        batchmates or padding; int8 quantizes each activation matrix of a pass as a whole (DynamicQuantizeMatMul),
-        so there they move within quantization noise with what shares the pass, as they do with the batch."""
+    def forward_rows(self, rows: Sequence[Sequence[int]], plan: ExecutionPlan) -> tuple[np.ndarray, int]:
+        """Logits (B, C) for tokenized texts and the tokens their passes ran, padding included; in passes of texts of about one length whose activations stay under
+        ``max_activation_bytes`` (engine/passes.py); each pass pads to its own longest text. In fp32 a text's logits
+        do not depend on its batchmates or padding; int8 quantizes each activation matrix of a pass as a whole
+        (DynamicQuantizeMatMul), so there they move within quantization noise with what shares the pass."""
         cap = self.options.max_activation_bytes
-        groups = [list(range(len(rows)))] if cap is None else passes.split(
-            [len(r) for r in rows], lambda b, n: passes.activation_bytes(self.shape, plan, b, n) <= cap)
+        groups = passes.split([len(r) for r in rows], (lambda b, n: True) if cap is None else
+                              (lambda b, n: passes.activation_bytes(self.shape, plan, b, n) <= cap))
         parts, largest = [], 0
         for idx in groups:
             ids, mask = pad([rows[i] for i in idx], self.encoder.pad_id)
@@ -228,12 +232,13 @@ class EngineBase:
             parts.append(self.forward_ids(ids, mask, plan))
         if len(parts) > 1 or largest > passes.KEEP_BYTES:  # passes.KEEP_BYTES says why
             self.give_back(plan)
+        ran = passes.padded_tokens([len(r) for r in rows], groups)
         if len(parts) == 1:
-            return parts[0]
+            return parts[0], ran
         out = np.empty((len(rows), parts[0].shape[1]), dtype=parts[0].dtype)
         for idx, logits in zip(groups, parts, strict=True):
             out[idx] = logits
-        return out
+        return out, ran
 
     def give_back(self, plan: ExecutionPlan) -> None:
         """Return to the system the memory a large batch's passes took (a backend whose runtime keeps it)."""

@@ -1,4 +1,4 @@
-"""A batch's texts in forward passes whose activation memory stays under a cap.
+"""A batch's texts in forward passes: grouped by length, so that little padding runs, and under a memory cap.
 
 One pass of B texts padded to N tokens holds, at its peak, fp32 activations of about (k: the plan's most heads in
 a layer, w: its widest feed-forward block, D: the hidden width)
@@ -22,6 +22,8 @@ MiB = 1 << 20
 # smaller pass keeps it in ONNX Runtime's arena for the next: giving back after every run cost 4-6% at 32 texts x
 # 128 tokens (int8 MiniLM), and the arena then holds no more than one pass under the cap.
 KEEP_BYTES = 256 * MiB
+# Padding a pass may add, as a share of its texts' own tokens: a padded token costs what a real one does.
+PAD_SHARE = 0.125
 
 
 def activation_bytes(shape: Shape, plan: ExecutionPlan, batch: int, length: int) -> int:
@@ -34,24 +36,33 @@ def activation_bytes(shape: Shape, plan: ExecutionPlan, batch: int, length: int)
     return max(2 * scores + 4 * hidden, 2 * tokens * w * 4 + 6 * hidden) + MiB
 
 
-def split(lengths: Sequence[int], fits: Callable[[int, int], bool]) -> list[list[int]]:
+def split(lengths: Sequence[int], fits: Callable[[int, int], bool],
+          pad_share: float | None = PAD_SHARE) -> list[list[int]]:
     """The indices of texts of ``lengths`` tokens in passes, each ``fits(texts, padded length)``.
 
-    A batch that fits runs as one pass in its order (as it would without a cap). Otherwise texts go by length,
-    shortest first, each pass as full as it fits: a pass pads to its own longest text, so grouping by length also
-    pads less. A text that alone does not fit runs alone (the engine refuses a cap below one text of its longest
-    length at load, so admitted input never gets there).
+    A pass pads every text to its longest, so texts go by length, shortest first: a pass takes the next text
+    while it fits and, unless ``pad_share`` is None, while the padding stays within ``pad_share`` of its texts'
+    own tokens (docs/method.md, 'Batches by length'). A batch that is one pass either way runs in its order. A text
+    that alone does not fit runs alone (the engine refuses a cap below one text of its longest length at load, so
+    admitted input never gets there).
     """
     if not lengths:
         return []
-    if fits(len(lengths), max(lengths)):
-        return [list(range(len(lengths)))]
     passes: list[list[int]] = []
     current: list[int] = []
+    own = 0  # tokens of the current pass's texts, unpadded
     for i in sorted(range(len(lengths)), key=lambda j: lengths[j]):
-        if current and not fits(len(current) + 1, lengths[i]):  # sorted: text i is the longest so far
+        n = lengths[i]  # sorted: text i is the longest so far
+        if current and (not fits(len(current) + 1, n) or
+                        (pad_share is not None and (len(current) + 1) * n > (1 + pad_share) * (own + n))):
             passes.append(current)
-            current = []
+            current, own = [], 0
         current.append(i)
+        own += n
     passes.append(current)
-    return passes
+    return [list(range(len(lengths)))] if len(passes) == 1 else passes
+
+
+def padded_tokens(lengths: Sequence[int], groups: Sequence[Sequence[int]]) -> int:
+    """Tokens the passes ``groups`` run, padding included."""
+    return sum(len(g) * max(lengths[i] for i in g) for g in groups)

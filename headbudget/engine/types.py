@@ -85,6 +85,7 @@ class BatchResult:
     heads_active: int
     heads_total: int
     latency_s: float  # wall time of the forward pass (tokenization excluded)
+    tokens_run: int = 0  # tokens its passes ran, padding included (0: a backend that does not count them)
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ class Job:
     # What it asked for, as the checkpoint runs it (ModelInfo.resolve): an Auto here goes through a decider; on a
     # type that predicts its own budget, auto is already a Fixed cap at its ceiling.
     request: BudgetRequest
-    tokens: int  # padded tokens (estimated until counted)
+    tokens: int  # tokens it runs (estimated, as if padded to its longest text, until counted)
     future: asyncio.Future[JobResult]
     loop: asyncio.AbstractEventLoop
     enqueued: float = field(default_factory=time.monotonic)
@@ -143,7 +143,7 @@ class Batcher:
                       loop.create_future(), loop, owner=owner)
             job.charge = self._estimate_charge(job)
         else:
-            job = Job(texts, tier, self.engine.info.resolve(request), len(texts) * max(n for n, _ in priced.tokens),
+            job = Job(texts, tier, self.engine.info.resolve(request), sum(n for n, _ in priced.tokens),
                       loop.create_future(), loop, counted=True, owner=owner, charge=priced.total,
                       token_ids=priced.token_ids, tokenize_cpu_s=priced.tokenize_cpu_s)
         with self._cond:
@@ -282,8 +282,7 @@ class Batcher:
         assert self.engine is not None
         for job in jobs:
             if isinstance(job.request, LatencyTarget) and not job.counted:
-                counts = self.engine.count_tokens(job.texts)
-                job.tokens = len(job.texts) * max(n for n, _ in counts)
+                job.tokens = sum(n for n, _ in self.engine.count_tokens(job.texts))
                 job.counted = True
                 job.cost_cache.clear()
 
@@ -318,7 +317,9 @@ class Batcher:
         offset = 0
         # The batch's metrics before its answers (a few microseconds): a client that reads /metrics right after
         # its answer must see the pass that made it (test_metrics_move_with_requests failed on that race).
-        self._metrics.observe_batch(budget, wall, len(texts), cpu, auto=auto)
+        own = sum(p.n_tokens * len(p.passes or (0,)) for p in result.predictions)  # a decider's auto: every pass
+        self._metrics.observe_batch(budget, wall, len(texts), cpu, auto=auto,
+                                    tokens=(own, max(0, result.tokens_run - own) if result.tokens_run else 0))
         for job in batch:  # answers next: the latency model's update need not delay them (~0.1 ms, traced)
             preds = result.predictions[offset:offset + len(job.texts)]
             offset += len(job.texts)
@@ -334,9 +335,10 @@ class Batcher:
         latency = self.latency
 
         def bookkeeping() -> None:
-            longest = max((p.n_tokens for p in result.predictions), default=1)
+            # The engine runs a batch in passes by length, so its time follows the tokens those ran
+            ran = result.tokens_run or len(texts) * max((p.n_tokens for p in result.predictions), default=1)
             if not auto:  # an auto batch ran several budgets: its time is no sample of one budget's latency
-                latency.observe(budget, len(texts) * longest, wall * 1000)
+                latency.observe(budget, ran, wall * 1000)
             for text, pred in zip(texts, result.predictions, strict=True):
                 if not pred.truncated:
                     latency.observe_text(len(text), pred.n_tokens)

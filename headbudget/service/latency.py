@@ -68,7 +68,7 @@ class LatencyModel:
         return (1 - w) * _curve(self._table[b0], tokens) + w * _curve(self._table[b1], tokens)
 
     def estimate_ms(self, budget: float, tokens: float) -> float:
-        """Estimated ms of one call at ``budget`` on ``tokens`` padded tokens (batch x longest)."""
+        """Estimated ms of one call at ``budget`` that runs ``tokens`` tokens, padding included."""
         factor = self._factor.get(budget_bucket(budget), self._global)
         return self._base_ms(budget, max(1.0, tokens)) * factor
 
@@ -90,10 +90,9 @@ class LatencyModel:
             self._chars_per_token = 0.95 * self._chars_per_token + 0.05 * (chars / (tokens - 2))
 
     def estimate_tokens(self, texts: Sequence[str]) -> int:
-        """Padded tokens of a batch of ``texts`` (count x longest), estimated from their length in characters."""
-        longest = max((len(t) for t in texts), default=0)
-        per_text = min(self.max_length, math.ceil(longest / self._chars_per_token) + 2)
-        return len(texts) * per_text
+        """Tokens of ``texts``, estimated from their length in characters (the engine runs a batch in passes by
+        length, so a request costs about its texts' own tokens, not its count times its longest)."""
+        return sum(min(self.max_length, math.ceil(len(t) / self._chars_per_token) + 2) for t in texts)
 
     def estimates_ms(self, budgets: Sequence[float], tokens: float) -> list[float]:
         """``estimate_ms`` of each budget (ascending), never below a smaller one's: plans are nested, so a larger

@@ -89,6 +89,9 @@ class Metrics:
             "besides the model.", ["budget"], registry=r)
         self.batch_size = Histogram("headbudget_batch_size", "Texts per forward pass.", buckets=BATCH_BUCKETS,
                                     registry=r)
+        self.engine_tokens = Counter(
+            "headbudget_engine_tokens_total", "Tokens the forward passes ran: the texts' own (kind=text) and the "
+            "padding that made a pass's texts one length (kind=padding).", ["kind"], registry=r)
         self.queue_depth = Gauge("headbudget_queue_depth", "Requests waiting for the model.", registry=r,
                                  multiprocess_mode="livesum")
         self.whole_cost_ratio = Histogram(
@@ -129,6 +132,7 @@ class Metrics:
         self.state_up.set(1)
         self._requests, self._request_duration = Children(self.requests), Children(self.request_duration)
         self._inference_duration, self._engine_cpu = Children(self.inference_duration), Children(self.engine_cpu)
+        self._engine_tokens = Children(self.engine_tokens)
         self._ratios = Children(self.whole_cost_ratio), Children(self.cost_ratio)
         self._macs = Children(self.whole_macs), Children(self.whole_macs_saved), Children(self.macs), Children(self.macs_saved)
         self._compute_units, self._compute_units_saved = Children(self.compute_units), Children(self.compute_units_saved)
@@ -146,13 +150,17 @@ class Metrics:
         self._requests(tier, str(status)).inc()
         self._request_duration(tier).observe(seconds)
 
-    def observe_batch(self, budget: float, seconds: float, size: int, cpu_s: float, auto: bool = False) -> None:
-        """One forward pass (with ``auto``, a decider's passes for one batch): its wall time, its size and the CPU
-        time it took."""
+    def observe_batch(self, budget: float, seconds: float, size: int, cpu_s: float, auto: bool = False,
+                      tokens: tuple[int, int] = (0, 0)) -> None:
+        """One forward pass (with ``auto``, a decider's passes for one batch): its wall time, its size, the CPU
+        time it took and the tokens it ran (the texts' own, the padding)."""
         label = self.budget_label(budget, auto)
         self._inference_duration(label).observe(seconds)
         self._engine_cpu(label).inc(cpu_s)
         self.batch_size.observe(size)
+        own, padding = tokens
+        self._engine_tokens("text").inc(own)
+        self._engine_tokens("padding").inc(padding)
 
     def observe_answer(self, tier: str, costs: Iterable[Cost], degraded: bool) -> None:
         """One classify answer: each text's cost (whole forward pass and attention); whether it was degraded."""

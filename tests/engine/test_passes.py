@@ -46,9 +46,25 @@ def counting(engine: Any) -> list[tuple[int, int]]:
 
 
 # -- grouping ------------------------------------------------------------------------------------------------
-def test_a_batch_that_fits_is_one_pass_in_its_order() -> None:
-    assert passes.split([5, 1, 3], lambda b, n: True) == [[0, 1, 2]]
+def test_a_batch_that_is_one_pass_runs_in_its_order() -> None:
+    assert passes.split([5, 1, 3], lambda b, n: True, pad_share=None) == [[0, 1, 2]]
+    assert passes.split([40, 38, 41, 40], lambda b, n: True) == [[0, 1, 2, 3]]  # padding within the share
     assert passes.split([], lambda b, n: True) == []
+
+
+def test_passes_go_by_length_and_pad_at_most_their_share() -> None:
+    """A pass pads to its longest text: texts of a real length mix go by length, and the padding of each pass stays
+    within PAD_SHARE of its texts' own tokens (padded to the longest, these 32 ran 2.4x their own tokens)."""
+    rng = random.Random(3)
+    lengths = [rng.choice([12, 20, 31, 40, 44, 47, 52, 60, 75, 128, 165]) + rng.randrange(4) for _ in range(32)]
+    groups = passes.split(lengths, lambda b, n: True)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    assert [lengths[i] for g in groups for i in g] == sorted(lengths)
+    for g in groups:
+        assert len(g) * max(lengths[i] for i in g) <= (1 + passes.PAD_SHARE) * sum(lengths[i] for i in g)
+    run = passes.padded_tokens(lengths, groups)
+    assert run <= (1 + passes.PAD_SHARE) * sum(lengths) < passes.padded_tokens(lengths, [list(range(32))]) / 1.5
+    assert len(groups) < len(lengths)  # texts of one length still share a pass
 
 
 def test_passes_go_by_length_and_each_fits() -> None:
@@ -57,7 +73,7 @@ def test_passes_go_by_length_and_each_fits() -> None:
     def fits(b: int, n: int) -> bool:
         return b * n * n <= 20_000
 
-    groups = passes.split(lengths, fits)
+    groups = passes.split(lengths, fits, pad_share=None)
     assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
     assert all(fits(len(g), max(lengths[i] for i in g)) for g in groups)
     order = [lengths[i] for g in groups for i in g]
@@ -102,6 +118,26 @@ def test_fp32_logits_do_not_change_when_a_batch_is_split(tiny_model_scope_checkp
                    for b, n in shapes)
         for p, q in zip(reference.predictions, result.predictions, strict=True):
             assert p.logits == q.logits and p.label == q.label and p.cost == q.cost and p.n_tokens == q.n_tokens
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_a_mixed_batch_runs_about_its_own_tokens(tiny_model_scope_checkpoint: Path, tmp_path: Path,
+                                                 precision: str) -> None:
+    """What the engine runs for a batch of texts of many lengths: passes by length, whose tokens (padding
+    included, as the result reports them) stay within PAD_SHARE of the texts' own."""
+    texts = texts_of(32, seed=2)
+    engine = load_engine(tiny_model_scope_checkpoint, EngineOptions(precision=precision, cache_dir=tmp_path))
+    shapes = counting(engine)
+    result = engine.predict(texts, 0.5)
+    own = sum(p.n_tokens for p in result.predictions)
+    assert result.tokens_run == sum(b * n for b, n in shapes)
+    assert own <= result.tokens_run <= (1 + passes.PAD_SHARE) * own
+    assert 1 < len(shapes) < len(texts)
+    longest = max(p.n_tokens for p in result.predictions)
+    assert result.tokens_run < len(texts) * longest / 2  # what one pass padded to the longest text ran
+    if precision == "fp32":  # and the answers are the texts' own
+        for text, p in zip(texts, result.predictions, strict=True):
+            assert engine.predict([text], 0.5).predictions[0].logits == pytest.approx(p.logits, abs=1e-5)
 
 
 @pytest.mark.parametrize("budget", [0.25, 1.0])

@@ -99,6 +99,7 @@ def test_panels_cover_the_issue() -> None:
     assert having("headbudget_online_accuracy", by="budget") and having("headbudget_offline_accuracy", by="budget")
     assert having("headbudget_batch_size_bucket") or having("headbudget_batch_size_sum")
     assert having("headbudget_queue_depth")
+    assert having("headbudget_engine_tokens_total")  # the padding share: batches run in passes by length
     assert having("headbudget_compute_degraded_units_total", by="tier")  # the autoscaler's other signal
     quantiles = {q for p in panels for t in p["targets"]
                  for q in re.findall(r"histogram_quantile\((0\.\d+)", t["expr"])}

@@ -288,7 +288,8 @@ def test_latency_model_table_and_observations() -> None:
     assert model.estimate_ms(1.0, 10) == pytest.approx(3.0, rel=0.01)
     prior = LatencyModel(None, 512)
     assert not prior.has_table and prior.estimate_ms(1.0, 100) > prior.estimate_ms(0.1, 100) > 0
-    assert model.estimate_tokens(["abcd" * 10, "ab"]) == 2 * 12
+    # Each text's own tokens (4 characters a token, plus [CLS] and [SEP]): the engine does not pad across lengths
+    assert model.estimate_tokens(["abcd" * 10, "ab"]) == 12 + 3
 
 
 async def test_engine_errors_map_to_http() -> None:
