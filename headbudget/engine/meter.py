@@ -30,6 +30,9 @@ class TokenMeter:
     def count_tokens(self, texts: Sequence[str]) -> list[tuple[int, bool]]:
         return self.tokenize(texts).counts()
 
+    def fewest_tokens(self, texts: Sequence[str]) -> list[int]:
+        return self._encoder.fewest_tokens(list(texts))  # no tokenizer call: no lock
+
     def tokenize(self, texts: Sequence[str]) -> Tokens:
         with self._lock:
             enc = self._encoder.encode(list(texts))

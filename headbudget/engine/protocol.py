@@ -16,6 +16,11 @@ class Meter(Protocol):
         """(tokens after truncation, truncated?) per text: what the engine will count."""
         ...
 
+    def fewest_tokens(self, texts: Sequence[str]) -> list[int]:
+        """A lower bound on each text's ``count_tokens`` that needs no tokenizer (microseconds): what admission
+        refuses a request for before it tokenizes it."""
+        ...
+
     def tokenize(self, texts: Sequence[str]) -> Tokens:
         """The texts' token ids as the engine runs them (after truncation), which ``Engine.run`` takes instead of
         tokenizing them again."""

@@ -108,7 +108,7 @@ async def admit(state: StateStore, state_cfg: StateConfig, metrics: Metrics, cal
         return compute is not None
     if decision.refused_by == "compute":
         raise ComputeQuotaExceeded(
-            f"compute quota of tier {tier.name!r} exceeded: this request would be charged up to "
+            f"compute quota of tier {tier.name!r} exceeded: this request would be charged at least "
             f"{unit_text(units(charge))} compute units and the key may spend {unit_text(tier.compute_per_minute or 0)} "
             f"per minute, at most {unit_text(tier.burst_units or 0)} at once", retry_after_s=decision.retry_after_s)
     raise _rate_limited(tier, decision.retry_after_s)

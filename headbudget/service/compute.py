@@ -101,6 +101,7 @@ class Quote:
     texts: tuple[int, ...]  # milli-units per text
     token_ids: Tokens | None = None  # the texts as the Meter tokenized them
     tokenize_cpu_s: float = 0.0  # CPU time that took: the engine's work, done ahead (Batcher counts it as such)
+    exact: bool = True  # False: a floor from the texts' words (``floor_quote``), no tokenizer involved
 
     @property
     def total(self) -> int:
@@ -124,7 +125,25 @@ def quote(meter: Meter, unit: ComputeUnit, texts: Sequence[str], budget: float) 
     enc = meter.tokenize(texts)
     cpu_s = time.thread_time() - started
     tokens = tuple(enc.counts())
-    return Quote(budget, tokens, tuple(unit.milli(meter.cost(budget, n).total_macs) for n, _ in tokens), enc, cpu_s)
+    return Quote(budget, tokens, _charges(meter, unit, budget, [n for n, _ in tokens]), enc, cpu_s)
+
+
+def floor_quote(meter: Meter, unit: ComputeUnit, texts: Sequence[str], budget: float) -> Quote:
+    """The least ``texts`` can be charged at ``budget``, from a lower bound on their tokens that needs no tokenizer
+    (``Meter.fewest_tokens``): a request the rate, the quota or the cap refuses even at this price is refused
+    before it is tokenized."""
+    counts = meter.fewest_tokens(texts)
+    return Quote(budget, tuple((n, False) for n in counts), _charges(meter, unit, budget, counts), exact=False)
+
+
+def _charges(meter: Meter, unit: ComputeUnit, budget: float, counts: Sequence[int]) -> tuple[int, ...]:
+    """Milli-units per text of ``counts`` tokens at ``budget``, each distinct count priced once (a large request's
+    texts are mostly cut at one length)."""
+    each: dict[int, int] = {}
+    for n in counts:
+        if n not in each:
+            each[n] = unit.milli(meter.cost(budget, n).total_macs)
+    return tuple(each[n] for n in counts)
 
 
 def check_cap(tier: TierConfig, priced: Quote) -> None:
@@ -138,7 +157,9 @@ def check_cap(tier: TierConfig, priced: Quote) -> None:
     if priced.total <= milli_of_units(cap):
         return
     n_tokens = sum(n for n, _ in priced.tokens)
+    at = "up to" if priced.exact else "at least"
+    tokens = f"{n_tokens} tokens" if priced.exact else f"at least {n_tokens} tokens"
     raise ComputeCapExceeded(
-        f"this request would be charged up to {unit_text(units(priced.total))} compute units ({len(priced.texts)} "
-        f"texts, {n_tokens} tokens at budget {priced.budget:g}), over tier {tier.name!r}'s {name} of "
+        f"this request would be charged {at} {unit_text(units(priced.total))} compute units ({len(priced.texts)} "
+        f"texts, {tokens} at budget {priced.budget:g}), over tier {tier.name!r}'s {name} of "
         f"{unit_text(cap)} units per request; send fewer or shorter texts, or a lower budget")

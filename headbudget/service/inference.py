@@ -14,7 +14,7 @@ from starlette.requests import Request
 from headbudget.engine.types import Auto, BudgetRequest, Fixed, LatencyTarget
 from headbudget.service.auth import Caller, admit, check_budget
 from headbudget.service.batching import Job, JobResult
-from headbudget.service.compute import Bill, Quote, bill, check_cap, priced_budget, quote, units
+from headbudget.service.compute import Bill, Quote, bill, check_cap, floor_quote, priced_budget, quote, units
 from headbudget.service.errors import BadRequest, ClientGone, InvalidRequest, Unavailable
 from headbudget.service.runtime import Runtime
 from headbudget.service.schemas import BudgetSource, ClassifyRequest
@@ -166,19 +166,25 @@ class Answered:
 
 async def run(runtime: Runtime, caller: Caller, texts: list[str], choice: BudgetChoice, request: Request,
               priced: Quote | None = None) -> Answered:
-    """The queue path of /classify and the TEI routes: price (422 over the tier's cap), admit (429 over the request
-    rate or the compute quota), queue, wait (or cancel if the client leaves), charge what ran, metrics, the
-    feedback store and the access log's fields. ``priced``: the request's Quote, if the route made one."""
-    if runtime.info is None or runtime.unit is None or not runtime.batcher.ready:
+    """The queue path of /classify and the TEI routes: admit at the request's floor price (422 over the tier's cap,
+    429 over the request rate or the compute quota: a refusal tokenizes nothing), price it exactly (422 over the
+    cap), queue, wait (or cancel if the client leaves), charge what ran, metrics, the feedback store and the access
+    log's fields. ``priced``: the request's Quote, if the route made one."""
+    meter = runtime.batcher.meter
+    if runtime.info is None or runtime.unit is None or meter is None or not runtime.batcher.ready:
         raise Unavailable("the model is not loaded yet", retry_after_s=5)
     tier = caller.tier
+    admitted = priced
     if priced is None and metered(tier):
-        priced = await price(runtime, tier, texts, choice)
-    if priced is not None:
-        check_cap(tier, priced)
-    charge = priced.total if priced is not None else 0
+        admitted = floor_quote(meter, runtime.unit, texts, priced_budget(choice.request, tier))
+    if admitted is not None:
+        check_cap(tier, admitted)
+    charge = admitted.total if admitted is not None else 0  # what the quota holds until the answer settles it
     reserved = await admit(runtime.state, runtime.config.state, runtime.metrics, caller, charge)
     try:
+        if admitted is not None and not admitted.exact:  # admitted: now the exact price, tokenized once
+            priced = await price(runtime, tier, texts, choice)
+            check_cap(tier, priced)
         job = runtime.batcher.submit(texts, tier, choice.request, caller.owner, priced)
         try:
             result = await _wait(request, job)

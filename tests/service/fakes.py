@@ -49,6 +49,8 @@ class FakeEngine:
         self._depth = 0
         self.threads: set[int] = set()  # every thread that ever called
         self.runs_with_tokens: list[bool] = []  # per run(): whether it was given its Meter's token ids
+        self.metered: list[int] = []  # per Meter.tokenize call: how many texts it tokenized
+        self.floor_gap = 0  # tokens the Meter's fewest_tokens leaves out of each text's count (a looser bound)
 
     @contextlib.contextmanager
     def _one_thread(self) -> Iterator[None]:
@@ -169,7 +171,11 @@ class FakeMeter:
     def count_tokens(self, texts: Sequence[str]) -> list[tuple[int, bool]]:
         return self._engine._count_tokens(texts)
 
+    def fewest_tokens(self, texts: Sequence[str]) -> list[int]:
+        return [max(2, n - self._engine.floor_gap) for n, _ in self._engine._count_tokens(texts)]
+
     def tokenize(self, texts: Sequence[str]) -> Tokens:
+        self._engine.metered.append(len(texts))
         counts = self._engine._count_tokens(texts)
         return Tokens([[0] * n for n, _ in counts], [cut for _, cut in counts])
 

@@ -172,13 +172,48 @@ async def test_a_request_over_the_cap_is_refused_before_any_work() -> None:
         left = await client.post("/classify", json={"texts": texts}, headers=headers("cheap"))
     assert r.status_code == 422 and r.json()["error"]["code"] == "compute_cap_exceeded"
     assert r.json()["error"]["message"] == (
-        "this request would be charged up to 24 compute units (4 texts, 32 tokens at budget 0.25), over tier "
+        "this request would be charged at least 24 compute units (4 texts, at least 32 tokens at budget 0.25), over tier "
         "'cheap''s max_request_compute of 20 units per request; send fewer or shorter texts, or a lower budget")
     assert tei.status_code == 422 and tei.json()["error_type"] == "Validation" and "max_request_compute" in \
         tei.json()["error"]
     assert fits.status_code == 200 and fits.json()["charge"] == 18
     assert left.status_code == 422  # and refusals spent nothing: only the one that fitted ran
     assert engine.calls == [(texts[:3], 0.25)]
+
+
+async def test_refusals_tokenize_nothing() -> None:
+    """Refused by the request rate, the compute quota or the cap, a request is refused on its floor price
+    (Meter.fewest_tokens): the meter tokenizes only what is admitted, once."""
+    d = quota_config(compute_per_minute=60, compute_burst=7.5, max_request_compute=5, rate_limit=6000, burst=100)
+    d["tiers"]["balanced"].update(rate_limit=1, burst=1, compute_per_minute=6000)
+    async with running_app(parse_config(d)) as (client, _, engine):
+        capped = await client.post("/classify", json={"texts": ["a b c"] * 2}, headers=headers("cheap"))
+        ok = [await client.post("/classify", json={"text": "a b c"}, headers=headers("cheap")) for _ in range(2)]
+        over_quota = await client.post("/classify", json={"text": "a b c"}, headers=headers("cheap"))
+        first = await client.post("/classify", json={"text": "a b c"}, headers=headers("balanced"))
+        over_rate = await client.post("/classify", json={"text": "a b c"}, headers=headers("balanced"))
+    assert capped.status_code == 422 and "at least 7.5 compute units" in capped.json()["error"]["message"]
+    assert [r.status_code for r in ok] == [200, 200] and first.status_code == 200
+    assert over_quota.json()["error"]["code"] == "compute_quota_exceeded"
+    assert over_rate.json()["error"]["code"] == "rate_limited"
+    assert engine.metered == [1, 1, 1]  # the three answered requests, each tokenized once; no refusal
+
+
+async def test_an_exact_price_over_the_cap_is_refused_and_gives_its_floor_back() -> None:
+    """Where the words undercount the tokens, a request admitted on its floor is priced exactly before it queues:
+    over the cap it is refused (422) and the quota gets back what the floor reserved."""
+    d = quota_config(compute_per_minute=0.001, compute_burst=100, max_request_compute=5)
+    engine = FakeEngine()
+    engine.floor_gap = 2  # 5 tokens counted as 3: 2.25 units at the floor, 3.75 exact
+    async with running_app(parse_config(d), engine=engine) as (client, app, _):
+        r = await client.post("/classify", json={"texts": ["a b c"] * 2}, headers=headers("cheap"))
+        fits = await client.post("/classify", json={"text": "a b c"}, headers=headers("cheap"))
+        tier = app.state.runtime.config.tiers["cheap"]
+        left = await app.state.runtime.state.quota_left(hash_key(KEYS["cheap"])[:16], tier.rate_limit, tier.burst,
+                                                        ComputeLimit.of(tier))
+    assert r.status_code == 422 and "up to 7.5 compute units" in r.json()["error"]["message"]
+    assert engine.metered == [2, 1] and fits.json()["charge"] == 3.75
+    assert left.compute == 100_000 - 3_750  # milli-units: the refused request's floor came back; the answer is charged exactly
 
 
 async def test_the_burst_caps_a_request_when_it_is_lower() -> None:
