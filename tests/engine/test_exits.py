@@ -166,5 +166,6 @@ def test_export_of_a_plan_that_stops_at_an_exit(exits_checkpoint: Path, referenc
     names = {t.name for t in onnx.load(str(tmp_path / "x" / "model.onnx")).graph.initializer}
     assert "exit2_w" in names and "cls_w" not in names and "exit1_w" not in names
     assert not any(n.startswith(("l2.", "l3.")) for n in names)
-    np.testing.assert_allclose(bare_logits(tmp_path / "x"), engine_logits(exits_checkpoint, b, precision,
-                                                                          tmp_path / "cache"), atol=1e-4, rtol=0)
+    alone = precision == "int8"  # as in test_export: an int8 pass quantizes its activations as a whole
+    np.testing.assert_allclose(bare_logits(tmp_path / "x", alone), engine_logits(
+        exits_checkpoint, b, precision, tmp_path / "cache", alone), atol=1e-4, rtol=0)
