@@ -106,8 +106,13 @@ return {correct, #items}
 """
 
 
-def _usage_key(day: str, owner: str) -> str:
-    return f"{PREFIX}usage:{day}:{owner}"
+def _usage_key(day: str, owner: str, tier: str | None = None) -> str:
+    """A key's usage hash on ``day`` in ``tier`` (None: the key's whole day, as rows were kept before tiers)."""
+    return f"{PREFIX}usage:{day}:{owner}" if tier is None else f"{PREFIX}usage:{day}:{owner}:tier:{tier}"
+
+
+def _tiers_key(day: str, owner: str) -> str:
+    return f"{PREFIX}usage:tiers:{day}:{owner}"  # the tiers a key was used in on that day
 
 
 def _day_score(day: str) -> int:
@@ -166,14 +171,16 @@ class RedisState:
         return QuotaLeft(int(requests), int(left) if compute else None)
 
     async def record_usage(self, row: UsageRow) -> None:
-        # One transaction: the key's day and all-time hashes, and the indexes `headbudget usage` lists by.
+        # One transaction: the key's day (in its tier) and all-time hashes, and the indexes `headbudget usage`
+        # lists by: a key moved between tiers keeps a row per tier.
         try:
             async with self._redis.pipeline(transaction=True) as pipe:
-                for key in (_usage_key(row.day, row.owner), f"{PREFIX}usage:total:{row.owner}"):
+                for key in (_usage_key(row.day, row.owner, row.tier), f"{PREFIX}usage:total:{row.owner}"):
                     for field, value in row.usage.fields().items():
                         pipe.hincrby(key, field, value)
                     pipe.hset(key, mapping={"name": row.name, "tier": row.tier})
-                pipe.sadd(f"{PREFIX}usage:owners:{row.day}", row.owner)
+                pipe.sadd(f"{PREFIX}usage:rows:{row.day}", json.dumps([row.owner, row.tier]))
+                pipe.sadd(_tiers_key(row.day, row.owner), row.tier)
                 pipe.zadd(f"{PREFIX}usage:days", {row.day: _day_score(row.day)})
                 await pipe.execute()
         except (RedisError, OSError) as e:
@@ -181,13 +188,18 @@ class RedisState:
 
     async def usage_of(self, owner: str, day: str) -> tuple[Usage, Usage]:
         try:
+            tiers = sorted(await self._redis.smembers(_tiers_key(day, owner)))
             async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.hgetall(_usage_key(day, owner))
+                for tier in [None, *tiers]:  # None: a day kept before rows had tiers
+                    pipe.hgetall(_usage_key(day, owner, tier))
                 pipe.hgetall(f"{PREFIX}usage:total:{owner}")
-                today, total = await pipe.execute()
+                *days, total = await pipe.execute()
         except (RedisError, OSError) as e:
             raise StateUnavailable(f"redis: {e}") from None
-        return Usage.parse(today), Usage.parse(total)
+        today = Usage()
+        for h in days:
+            today = today.plus(Usage.parse(h))
+        return today, Usage.parse(total)
 
     async def usage_rows(self, since: str | None = None, until: str | None = None) -> list[UsageRow]:
         """Every key's usage per UTC day from ``since`` to ``until`` (YYYY-MM-DD, both included; None: open), by
@@ -196,18 +208,19 @@ class RedisState:
         hi = _day_score(until) if until else "+inf"
         try:
             days = await self._redis.zrangebyscore(f"{PREFIX}usage:days", lo, hi)
-            keys: list[tuple[str, str]] = []
+            keys: list[tuple[str, str, str | None]] = []  # (day, owner, tier); None: a row kept before tiers
             for day in days:
-                keys += [(day, owner) for owner in sorted(await self._redis.smembers(f"{PREFIX}usage:owners:{day}"))]
+                keys += [(day, owner, None) for owner in await self._redis.smembers(f"{PREFIX}usage:owners:{day}")]
+                keys += [(day, *json.loads(m)) for m in await self._redis.smembers(f"{PREFIX}usage:rows:{day}")]
             async with self._redis.pipeline(transaction=False) as pipe:
-                for day, owner in keys:
-                    pipe.hgetall(_usage_key(day, owner))
+                for day, owner, tier in keys:
+                    pipe.hgetall(_usage_key(day, owner, tier))
                 found = await pipe.execute() if keys else []
         except (RedisError, OSError) as e:
             raise StateUnavailable(f"redis: {e}") from None
         rows = [UsageRow(day, owner, str(h.get("name", "")), str(h.get("tier", "")), Usage.parse(h))
-                for (day, owner), h in zip(keys, found, strict=True) if h]
-        return sorted(rows, key=lambda r: (r.day, r.name, r.owner))
+                for (day, owner, _), h in zip(keys, found, strict=True) if h]
+        return sorted(rows, key=lambda r: (r.day, r.name, r.owner, r.tier))
 
     async def remember(self, request_id: str, record: AnswerRecord) -> None:
         ttl_ms = int(self._config.feedback_ttl_s * 1000)

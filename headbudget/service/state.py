@@ -124,7 +124,7 @@ class Usage:
 
 @dataclass(frozen=True)
 class UsageRow:
-    """One key's usage on one UTC day, as ``headbudget usage`` lists it."""
+    """One key's usage in one tier on one UTC day, as ``headbudget usage`` lists it."""
 
     day: str  # YYYY-MM-DD
     owner: str  # the key's hash prefix (Caller.owner)
@@ -256,7 +256,7 @@ class MemoryState:
         # answer_key(owner, request id) -> (expiry, answer, indices already reported), oldest first
         self._answers: OrderedDict[str, tuple[float, AnswerRecord, set[int]]] = OrderedDict()
         self._windows: dict[str, deque[bool]] = {}
-        self._usage: dict[tuple[str, str], UsageRow] = {}  # (day, owner) -> its usage; this worker's only
+        self._usage: dict[tuple[str, str], dict[str, UsageRow]] = {}  # (day, owner) -> tier -> usage; this worker's
         self._totals: dict[str, Usage] = {}
 
     def _now_ms(self) -> int:
@@ -295,10 +295,10 @@ class MemoryState:
         return QuotaLeft(requests, max(0, compute.burst - -(-level // PER_MINUTE_MS)))
 
     async def record_usage(self, row: UsageRow) -> None:
-        key = (row.day, row.owner)
-        old = self._usage.get(key)
-        self._usage[key] = UsageRow(row.day, row.owner, row.name, row.tier,
-                                    old.usage.plus(row.usage) if old else row.usage)
+        tiers = self._usage.setdefault((row.day, row.owner), {})  # a key moved between tiers keeps a row per tier
+        old = tiers.get(row.tier)
+        tiers[row.tier] = UsageRow(row.day, row.owner, row.name, row.tier,
+                                   old.usage.plus(row.usage) if old else row.usage)
         self._totals[row.owner] = self._totals.get(row.owner, Usage()).plus(row.usage)
         if len(self._usage) > 100_000:  # anonymous clients could grow this: keep the latest days
             for k in sorted(self._usage)[:len(self._usage) // 10]:
@@ -308,8 +308,10 @@ class MemoryState:
                 del self._totals[owner]
 
     async def usage_of(self, owner: str, day: str) -> tuple[Usage, Usage]:
-        row = self._usage.get((day, owner))
-        return (row.usage if row else Usage()), self._totals.get(owner, Usage())
+        today = Usage()
+        for row in self._usage.get((day, owner), {}).values():
+            today = today.plus(row.usage)
+        return today, self._totals.get(owner, Usage())
 
     async def remember(self, request_id: str, record: AnswerRecord) -> None:
         self._expire()

@@ -47,6 +47,35 @@ async def test_usage_adds_up_per_key_and_day(store: StateStore) -> None:
     assert await store.usage_of("nobody", "2026-01-01") == (Usage(), Usage())
 
 
+async def test_a_key_moved_between_tiers_keeps_a_row_per_tier(store: StateStore) -> None:
+    cheap, quality = Usage(1000, 1, 1, 10, 0), Usage(3000, 1, 2, 20, 0)
+    await store.record_usage(UsageRow("2026-01-01", "ownerA", "alice", "cheap", cheap))
+    await store.record_usage(UsageRow("2026-01-01", "ownerA", "alice", "quality", quality))
+    await store.record_usage(UsageRow("2026-01-01", "ownerA", "alice", "cheap", cheap))
+    # /v1/usage: the key's whole day and all-time total, whatever its tiers
+    assert await store.usage_of("ownerA", "2026-01-01") == (cheap.plus(quality).plus(cheap),) * 2
+    if isinstance(store, RedisState):  # the export `headbudget usage` reads: one row per tier
+        rows = [(r.tier, r.usage) for r in await store.usage_rows("2026-01-01", "2026-01-01") if r.owner == "ownerA"]
+        assert rows == [("cheap", cheap.plus(cheap)), ("quality", quality)]
+
+
+async def test_redis_reads_day_rows_kept_before_tiers(redis_url: str) -> None:
+    """A day recorded by a server that kept one row per key and day (usage:DAY:OWNER, indexed in usage:owners:DAY)
+    still counts, beside rows of the same day kept per tier."""
+    s = RedisState(StateConfig(redis_url=redis_url))
+    await s._redis.flushdb()
+    await s._redis.hset("headbudget:usage:2026-01-05:old0", mapping={"units": 500, "requests": 1, "texts": 1,
+                                                                       "tokens": 5, "saved": 0, "name": "olga",
+                                                                       "tier": "cheap"})
+    await s._redis.sadd("headbudget:usage:owners:2026-01-05", "old0")
+    await s._redis.zadd("headbudget:usage:days", {"2026-01-05": 20260105})
+    await s.record_usage(UsageRow("2026-01-05", "old0", "olga", "quality", Usage(700, 1, 1, 7, 0)))
+    rows = await s.usage_rows()
+    assert [(r.tier, r.usage.units) for r in rows] == [("cheap", 500), ("quality", 700)]
+    assert (await s.usage_of("old0", "2026-01-05"))[0] == Usage(1200, 2, 2, 12, 0)
+    await s.close()
+
+
 async def test_redis_lists_usage_by_day_and_key(redis_url: str) -> None:
     s = RedisState(StateConfig(redis_url=redis_url))
     await s._redis.flushdb()
