@@ -30,7 +30,7 @@ import psutil
 from headbudget.cli import OneLineParser
 from headbudget.commands.common import budget_arg
 from headbudget.experiments.bench import code_commit, cpu_name
-from headbudget.loadtest.service_bench import pct
+from headbudget.loadtest.service_bench import pct, tree_cpu_s
 
 PROG = "python -m headbudget.loadtest.concurrency"
 WARMUP_S = 2.0
@@ -61,22 +61,6 @@ def headbudget_target(url: str, pid: int, budget: float, key: str | None) -> Tar
 def peer_target(url: str, pid: int, model: str) -> Target:
     return Target("peer", url.rstrip("/") + "/classify", pid, None, lambda text: {"input": [text], "model": model},
                   {})
-
-
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds so far of process ``pid`` and its descendants (their CPU clocks, nanosecond resolution)."""
-    root = psutil.Process(pid)
-    total = 0.0
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            total += time.clock_gettime(((~proc.pid) << 3) | 2)  # CPUCLOCK_SCHED of the whole process
-        except OSError:  # ended, or not Linux: psutil's 10 ms ticks
-            try:
-                t = proc.cpu_times()
-            except psutil.NoSuchProcess:
-                continue
-            total += t.user + t.system
-    return total
 
 
 def engine_cpu_s(target: Target) -> float | None:

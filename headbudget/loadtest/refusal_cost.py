@@ -20,9 +20,8 @@ from typing import Any
 import httpx
 
 from headbudget.experiments.bench import code_commit, cpu_name
-from headbudget.loadtest.concurrency import tree_cpu_s
 from headbudget.loadtest.fairness import long_texts, to_toml
-from headbudget.loadtest.service_bench import Server
+from headbudget.loadtest.service_bench import Server, tree_cpu_s
 from headbudget.service.auth import hash_key, new_key
 
 PROG = "refusal_cost"

@@ -128,9 +128,14 @@ def server_cpu_s(srv: Server, start: bool = False) -> tuple[float, float]:
 
 
 def _process_cpu_s(srv: Server) -> float:
+    return tree_cpu_s(srv.proc.pid)
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds so far of process ``pid`` and its descendants (a server's supervisor and workers)."""
     import psutil
 
-    root = psutil.Process(srv.proc.pid)
+    root = psutil.Process(pid)
     total = 0.0
     for proc in [root, *root.children(recursive=True)]:
         try:
