@@ -57,7 +57,7 @@ class Job:
     # What it asked for, as the checkpoint runs it (ModelInfo.resolve): an Auto here goes through a decider; on a
     # type that predicts its own budget, auto is already a Fixed cap at its ceiling.
     request: BudgetRequest
-    tokens: int  # tokens it runs (estimated, as if padded to its longest text, until counted)
+    tokens: int  # its texts' own tokens, what it runs (estimated from their characters until counted)
     future: asyncio.Future[JobResult]
     loop: asyncio.AbstractEventLoop
     enqueued: float = field(default_factory=time.monotonic)
