@@ -223,7 +223,8 @@ class EngineBase:
         do not depend on its batchmates or padding; int8 quantizes each activation matrix of a pass as a whole
         (DynamicQuantizeMatMul), so there they move within quantization noise with what shares the pass."""
         cap = self.options.max_activation_bytes
-        groups = passes.split([len(r) for r in rows], (lambda b, n: True) if cap is None else
+        lengths = [len(r) for r in rows]
+        groups = passes.split(lengths, (lambda b, n: True) if cap is None else
                               (lambda b, n: passes.activation_bytes(self.shape, plan, b, n) <= cap))
         parts, largest = [], 0
         for idx in groups:
@@ -232,7 +233,7 @@ class EngineBase:
             parts.append(self.forward_ids(ids, mask, plan))
         if len(parts) > 1 or largest > passes.KEEP_BYTES:  # passes.KEEP_BYTES says why
             self.give_back(plan)
-        ran = passes.padded_tokens([len(r) for r in rows], groups)
+        ran = passes.padded_tokens(lengths, groups)
         if len(parts) == 1:
             return parts[0], ran
         out = np.empty((len(rows), parts[0].shape[1]), dtype=parts[0].dtype)
