@@ -35,7 +35,7 @@ def _expand_braces(path: str) -> list[str]:
 
 
 def _code_span_path(span: str) -> str | None:
-    """The repository path a code span names, if it names one (`engine/weights.py::f` names engine/weights.py)."""
+    """The repository path a code span names, if it names one (`engine/weights/pack.py::f` names engine/weights/pack.py)."""
     token = span.strip().split()[0] if span.strip() else ""
     token = re.sub(r"(::.*|:\d.*|:)$", "", token)
     if "/" not in token or token.startswith(SKIPPED_PREFIXES) or URL.match(token) or re.search(r"[<>*]", token):
@@ -75,7 +75,7 @@ def missing_paths(markdown: str, where: Path) -> list[str]:
 
 def test_extractor_finds_links_and_repository_paths_and_skips_the_rest():
     md = """See [the method](method.md#gates), ![plot](results/x/pareto.png) and [site](https://example.org/a.md).
-Code: `engine/weights.py::w1_by_rows`, `models/plan.py: exit_sequence`, `docs/results/{a,b}/auto.json`.
+Code: `engine/weights/pack.py::w1_by_rows`, `models/plan.py: exit_sequence`, `docs/results/{a,b}/auto.json`.
 Skipped: `../shared/data/ag_news`, `checkpoints/quick/sweep.json`, `/v1/classify`, `fp32/int8`, `sweep.json`,
 `$OUT/bench.json`, `engine/<name>_backend.py`, [anchor](#top).
 ```
@@ -84,7 +84,7 @@ headbudget bench --out docs/results/inside/a/fence.json
 """
     assert named_paths(md) == [
         ("link", "method.md"), ("link", "results/x/pareto.png"),
-        ("code", "engine/weights.py"), ("code", "models/plan.py"),
+        ("code", "engine/weights/pack.py"), ("code", "models/plan.py"),
         ("code", "docs/results/a/auto.json"), ("code", "docs/results/b/auto.json"),
     ]
 

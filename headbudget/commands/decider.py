@@ -50,8 +50,8 @@ def run(args: argparse.Namespace) -> int:
     import json
 
     from headbudget.commands.common import CliError
+    from headbudget.engine.artifacts import checkpoint_config
     from headbudget.engine.decider import DECIDER_FILE, DEFAULT_KIND, save_decider
-    from headbudget.engine.weights import checkpoint_config
     from headbudget.models.model_types import model_type
     from headbudget.training.auto_report import auto_report, measurement_engine, print_report, winner
     from headbudget.training.decider import TARGETS, collect, fit

@@ -61,7 +61,7 @@ def _auto(args: argparse.Namespace, sweep: dict[str, Any]) -> None:
 
     if not (args.model / DECIDER_FILE).is_file():
         return
-    from headbudget.engine.weights import checkpoint_config
+    from headbudget.engine.artifacts import checkpoint_config
     from headbudget.training.auto_report import auto_report, measurement_engine, print_report
     from headbudget.training.plots import load_benches, pareto_plot
     from headbudget.training.report import checkpoint_split

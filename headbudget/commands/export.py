@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
                 "such as optimum load without custom code)") if hf.remote_code else ""
         print(f"{hf.folder}: {hf.architecture}{code}, {hf.n_parameters / 1e6:.1f} M parameters")
         return 0
-    from headbudget.engine.export import export_onnx
+    from headbudget.engine.onnx.export import export_onnx
 
     rec = export_onnx(args.model, args.budget, args.out, args.precision)
     print(f"{rec.folder}/model.onnx: budget {rec.budget:g}, {rec.heads_kept}/{rec.heads_total} heads "

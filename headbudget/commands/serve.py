@@ -50,7 +50,7 @@ def default_precision(model_dir: Path, backend: str) -> str:
     """DEFAULT_PRECISION (int8) where there is an int8 engine (a budgeted checkpoint on onnxruntime;
     docs/results.md, 'Latency per budget': as accurate as fp32 within 0.16 points and 2.5x faster), else fp32
     (the torch backend, the adaptive types)."""
-    from headbudget.engine.weights import checkpoint_config
+    from headbudget.engine.artifacts import checkpoint_config
     from headbudget.models.model_types import model_type
 
     _, cfg = checkpoint_config(model_dir)
@@ -58,7 +58,7 @@ def default_precision(model_dir: Path, backend: str) -> str:
 
 
 def _needs_torch(model_dir: Path, backend: str) -> bool:
-    from headbudget.engine.weights import checkpoint_config
+    from headbudget.engine.artifacts import checkpoint_config
     from headbudget.models.model_types import model_type
 
     return backend == "torch" or not model_type(checkpoint_config(model_dir)[1].model_type).static_plans
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--port must be in 1..65535, got {port}")
     backend = option("backend")
     if not args.allow_standin:
-        from headbudget.engine.weights import checkpoint_config
+        from headbudget.engine.artifacts import checkpoint_config
 
         refuse_standin(checkpoint_config(model)[0], model, "--allow-standin to load-test it")
     if _needs_torch(model, backend) and importlib.util.find_spec("torch") is None:

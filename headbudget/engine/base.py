@@ -13,7 +13,6 @@ from headbudget.engine import passes
 from headbudget.engine.decider import passes_cost, pooled_features, run_auto
 from headbudget.engine.errors import BudgetError, InputError, ModelLoadError
 from headbudget.engine.meter import TokenMeter
-from headbudget.engine.store import Embeddings
 from headbudget.engine.types import (
     Auto,
     BatchResult,
@@ -25,6 +24,7 @@ from headbudget.engine.types import (
     Runnable,
     Tokens,
 )
+from headbudget.engine.weights.store import Embeddings
 from headbudget.models.config import ModelConfig
 from headbudget.models.plan import Shape, uniform_plan
 from headbudget.models.tokenizer import TextEncoder
@@ -118,7 +118,7 @@ class EngineBase:
         raise NotImplementedError
 
     def embedding_tables(self) -> Embeddings:
-        """The embedding layer as the weight store lays it out (engine/store.py ``Embeddings``). Backends whose
+        """The embedding layer as the weight store lays it out (engine/weights/store.py ``Embeddings``). Backends whose
         type has static plans (the ones a decider serves) implement it."""
         raise NotImplementedError
 

@@ -8,13 +8,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from headbudget.engine.artifacts import BenchRecord, SweepRecord
+from headbudget.engine.artifacts import BenchRecord, SweepRecord, checkpoint_config, checkpoint_digest
 from headbudget.engine.decider import read_decider
 from headbudget.engine.errors import ModelLoadError
 from headbudget.engine.precision import PRECISIONS
 from headbudget.engine.protocol import Engine
 from headbudget.engine.types import EngineOptions, ModelInfo
-from headbudget.engine.weights import checkpoint_config, checkpoint_digest
 from headbudget.models.model_types import model_type
 
 log = logging.getLogger(__name__)
@@ -69,11 +68,11 @@ def load_engine(model_dir: Path, options: EngineOptions) -> Engine:
     if not model_type(info.model_type).static_plans:
         return _load_adaptive(Path(model_dir), options, info)
     if options.backend == "onnxruntime":
-        from headbudget.engine.onnx_backend import OnnxEngine
+        from headbudget.engine.onnx.backend import OnnxEngine
 
         return OnnxEngine(Path(model_dir), options, info)
     if options.backend == "torch":
-        from headbudget.engine.torch_backend import TorchEngine
+        from headbudget.engine.reference.backend import TorchEngine
 
         return TorchEngine(Path(model_dir), options, info)
     raise ModelLoadError(f"unknown backend {options.backend!r} (onnxruntime or torch)")
@@ -91,6 +90,6 @@ def _load_adaptive(model_dir: Path, options: EngineOptions, info: ModelInfo) -> 
     if options.backend == "onnxruntime":
         log.info("%s: %s checkpoint, served by the adaptive PyTorch engine instead of onnxruntime",
                  model_dir, info.model_type)
-    from headbudget.engine.adaptive_backend import AdaptiveEngine
+    from headbudget.engine.adaptive.backend import AdaptiveEngine
 
     return AdaptiveEngine(model_dir, options, info)

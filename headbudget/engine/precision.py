@@ -26,14 +26,14 @@ class PrecisionSpec:
     # the residual as its C input. DynamicQuantizeMatMul has no C input: quantized stores stay plain.
     folds_residual_biases: bool
     # Q/K/V stored (D, H*3*dh), the (K, N) layout DynamicQuantizeMatMul wants: a head prefix is then a column
-    # copy, one per (layer, heads) shared by all sessions (onnx_bind.SliceCache). Otherwise (H*3*dh, D), a head
+    # copy, one per (layer, heads) shared by all sessions (bind.SliceCache). Otherwise (H*3*dh, D), a head
     # prefix is a row view and the Gemm runs with transB=1.
     qkv_by_columns: bool
     weight_dtype: type[np.generic]  # of the stored matrices (biases, norms and scales are float32)
     torch_engines: bool  # the PyTorch engines (the reference and the adaptive fast path) run it
     # Widths, as fractions of a layer's neurons (heads), whose prefixes the all-budget graph also holds as
     # initializers, so that ONNX Runtime packs them once: a block of any width runs the largest such prefix
-    # packed and only the rest, fed per call, unpacked (onnx_graph.build_dynamic). An unpacked product packs its
+    # packed and only the rest, fed per call, unpacked (graph.build_dynamic). An unpacked product packs its
     # weights on every call; at AG News lengths that made budgets between the prepacked ones cost more than the
     # whole model (docs/results.md, 'Every budget costs what it says'). Each level is one more If node per
     # block on every call: int8, whose packing is cheap, keeps one feed-forward level (a second and attention
@@ -41,13 +41,13 @@ class PrecisionSpec:
     ffn_levels: tuple[float, ...] = ()
     attention_levels: tuple[float, ...] = ()
     # Plans that multiply by at most this share of the layers' weights, no block at all its units
-    # (onnx_bind.runs_fed), run a graph without If nodes, every weight fed per call (onnx_graph.build_dynamic's
+    # (bind.runs_fed), run a graph without If nodes, every weight fed per call (graph.build_dynamic's
     # ``fed``): there the branches cost more than packing the plan's weights on every call. Where that stops
     # paying was measured per precision (docs/results.md, 'Every budget costs what it says'); fp32 weights
     # cost four times as much to pack.
     fed_up_to: float = 0.0
     # The neurons of W1 fed per call (all of a small plan's, the rest above a level in the graph with branches)
-    # as (D, w) column copies, one per (layer, first, end neuron) shared by every plan (onnx_bind.SliceCache),
+    # as (D, w) column copies, one per (layer, first, end neuron) shared by every plan (bind.SliceCache),
     # not as a row view: ONNX Runtime transposes an unpacked transB weight on every call. int8 only: fp32's
     # Gemm measured the same either way (weights.w1_by_rows).
     w1_fed_by_columns: bool = False

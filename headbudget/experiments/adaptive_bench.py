@@ -23,8 +23,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from headbudget.engine.adaptive_backend import AdaptiveEngine
-from headbudget.engine.adaptive_cost import usage_cost
+from headbudget.engine.adaptive.backend import AdaptiveEngine
+from headbudget.engine.adaptive.cost import usage_cost
 from headbudget.engine.errors import ModelLoadError
 from headbudget.engine.factory import load_engine
 from headbudget.engine.types import Backend, EngineOptions

@@ -196,7 +196,8 @@ def memory_figure(model_dir: Path, dense_onnx: Path, precision: str, probes: int
 def _memory_child() -> None:
     import onnxruntime  # noqa: F401 - imported before the baseline on both sides
 
-    from headbudget.engine import factory, onnx_backend  # noqa: F401
+    from headbudget.engine import factory  # noqa: F401
+    from headbudget.engine.onnx import backend  # noqa: F401
     from headbudget.experiments.peers import ort_session
 
     arg = json.loads(sys.argv[-1])

@@ -33,7 +33,7 @@ def engine_factory(backend: str, budgets: tuple[float, ...]) -> EngineFactory:
     packs a partial layer's slices on every call: the kept AG News checkpoint's b = 0.75 measured 6.19 ms
     against 5.19 ms prepacked (150 texts, one process), which would place every method against a curve slower
     than what a user running that budget gets. With feed-forward levels the engine serves them from the
-    all-budget session (onnx_backend.OnnxEngine). Every artifact gets the same options.
+    all-budget session (engine/onnx/backend.py). Every artifact gets the same options.
     """
     from headbudget.engine.factory import load_engine
     from headbudget.engine.types import EngineOptions

@@ -22,8 +22,8 @@ import numpy as np
 import onnxruntime as ort
 
 from headbudget.engine.base import pad
-from headbudget.engine.export import MODEL_FILE, export_onnx
 from headbudget.engine.factory import load_engine
+from headbudget.engine.onnx.export import MODEL_FILE, export_onnx
 from headbudget.engine.types import EngineOptions
 from headbudget.experiments.bench import cpu_name
 from headbudget.loadtest.service_bench import load_texts

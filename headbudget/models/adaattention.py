@@ -8,7 +8,7 @@ Training uses that hard choice forward and a straight-through ramp backward (dim
 clamp(d_h * c - j, 0, 1)), so the trained function is exactly what inference runs.
 
 The math is in functions (the reduced dimensions, the dimension mask, lambda(t), the scorer's multiply-adds)
-that this module and the engine's fast path (engine/adaptive_types.py) both call.
+that this module and the engine's fast path (engine/adaptive/model_types.py) both call.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Kept heads keep their weight w_h, so that inference is the training-time functio
 removed, not a differently scaled one.
 
 The math is in functions (temperature, head weights, the keep rule, the regulariser, the side network's
-multiply-adds) that this module and the engine's fast path (engine/adaptive_types.py) both call.
+multiply-adds) that this module and the engine's fast path (engine/adaptive/model_types.py) both call.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ ramp m(x) = clamp((R + z - x) / R, 0, 1). m is exactly 0 for x >= z + R, so a he
 than ceil(z + R) - 1 tokens away: the engine truncates each head to that window and gets the same numbers.
 
 The ramp, its log and the window are functions that this module and the engine's fast path
-(engine/adaptive_types.py) both call.
+(engine/adaptive/model_types.py) both call.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What int8 can do: the reference model run with int8 arithmetic simulated exactly, so that an int8 engine's
 distance from fp32 is judged against the distance int8 itself makes, on any CPU.
 
-The simulation quantizes what the engine quantizes (``engine/weights.py``, ``engine/onnx_graph.py``): the word
+The simulation quantizes what the engine quantizes (``engine/weights/pack.py``, ``engine/onnx/graph.py``): the word
 table per row, every encoder matrix per output column (symmetric int8), and each matrix's input per call as one
 u8 tensor (DynamicQuantizeLinear: an asymmetric range that holds 0). ONNX Runtime's u8 x s8 kernels then sum in
 one of two ways, by instruction set: VNNI and AMX accumulate exactly in int32; AVX2 (and AVX-512 without VNNI)

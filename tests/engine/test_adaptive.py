@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from headbudget.engine.adaptive_backend import AdaptiveEngine
-from headbudget.engine.adaptive_cost import plan_macs, span_pairs
-from headbudget.engine.adaptive_types import PATHS
+from headbudget.engine.adaptive.backend import AdaptiveEngine
+from headbudget.engine.adaptive.cost import plan_macs, span_pairs
+from headbudget.engine.adaptive.model_types import PATHS
 from headbudget.engine.base import pad
 from headbudget.engine.errors import BudgetError, ModelLoadError
 from headbudget.engine.factory import load_engine, model_info
-from headbudget.engine.torch_backend import TorchEngine
+from headbudget.engine.reference.backend import TorchEngine
 from headbudget.engine.types import EngineOptions
 from headbudget.experiments.adaptive_bench import bench_lengths, main
 from headbudget.models.adaptive import AdaptiveClassifier
@@ -230,7 +230,7 @@ def test_bench_texts_times_real_texts_against_other_engines(checkpoints: dict[st
 
 
 def test_adjacent_dense_with_ramp_groups_run_as_one() -> None:
-    from headbudget.engine.adaptive_backend import RAMP_DENSE, _merge_ramp_groups
+    from headbudget.engine.adaptive.backend import RAMP_DENSE, _merge_ramp_groups
 
     plan = (((0,), 32, 11), ((1, 2), 32, 15), ((3,), 32, 28), ((4,), 32, 60), ((5,), 32, 137))
     # n = 60: windows 11 and 15 run banded, 28 / 60 / 137 all run over every key with the ramp

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from headbudget.engine import weights
+from headbudget.engine import artifacts
 from headbudget.engine.errors import BudgetError, InputError, ModelLoadError
 from headbudget.engine.factory import load_engine
 from headbudget.engine.types import EngineOptions, SweepRecord
+from headbudget.engine.weights import pack as weights
 from headbudget.models import checkpoint as ckpt
 from headbudget.models.budget import BUDGET_GRID, head_order
 from headbudget.models.checkpoint import load_checkpoint, save_checkpoint
@@ -129,9 +130,9 @@ def test_model_info(tiny_checkpoint: Path, tmp_path: Path) -> None:
 
 
 def test_torch_free_reader_agrees_with_models_checkpoint(tiny_checkpoint: Path) -> None:
-    assert weights.checkpoint_digest(tiny_checkpoint) == ckpt.weights_digest(tiny_checkpoint)
+    assert artifacts.checkpoint_digest(tiny_checkpoint) == ckpt.weights_digest(tiny_checkpoint)
     model, _ = load_checkpoint(tiny_checkpoint)
-    _, cfg = weights.checkpoint_config(tiny_checkpoint)
+    _, cfg = artifacts.checkpoint_config(tiny_checkpoint)
     assert cfg == model.cfg
     assert weights.expected_shapes(cfg) == {k: tuple(v.shape) for k, v in model.state_dict().items()}
     order = head_order(weights.gate_params(weights.load_state(tiny_checkpoint, cfg)))

@@ -12,9 +12,10 @@ import numpy as np
 import onnx
 import pytest
 
+from headbudget.engine.artifacts import checkpoint_config
 from headbudget.engine.factory import load_engine
 from headbudget.engine.types import EngineOptions
-from headbudget.engine.weights import checkpoint_config, gate_params, load_state
+from headbudget.engine.weights.pack import gate_params, load_state
 from headbudget.models.budget import head_order
 from headbudget.models.plan import BudgetPolicy
 from tests.conftest import run_cli

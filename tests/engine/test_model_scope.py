@@ -125,7 +125,7 @@ def test_small_plans_run_one_graph_without_branches(tiny_model_scope_checkpoint:
     """Plans within ``PrecisionSpec.fed_up_to`` of the weights and with no full block run the graph with no If
     node, every weight fed; it answers as each plan's own graph does (int8 too: no block is split), and the
     larger plans keep the graph with branches."""
-    from headbudget.engine.onnx_bind import runs_fed, weight_share
+    from headbudget.engine.onnx.bind import runs_fed, weight_share
     from headbudget.engine.precision import PRECISIONS
 
     engine = load_engine(tiny_model_scope_checkpoint, EngineOptions(precision=precision, cache_dir=tmp_path))  # type: ignore[arg-type]
@@ -152,7 +152,7 @@ def test_small_plans_run_one_graph_without_branches(tiny_model_scope_checkpoint:
     assert graph.graph.node and not any(n.op_type == "If" for n in graph.graph.node)
     # W1's fed neurons as (D, w) columns where the precision says so (one copy per layer and neuron range,
     # whatever the plans), else the store's (w, D) rows
-    from headbudget.engine.store import input_names
+    from headbudget.engine.weights.store import input_names
 
     columns = PRECISIONS[precision].w1_fed_by_columns  # type: ignore[index]
     for name in ("fed.onnx", "dynamic.onnx"):  # what either graph feeds per call
@@ -247,10 +247,10 @@ def test_neuron_prefixes_are_views_of_the_one_store(tiny_model_scope_checkpoint:
     """Every budget's W1, W2 and b1 (and int8 scales) share the store's memory: no per-width copy in either
     precision, in the per-call feeds of the all-budget session and in a prepacked budget's initializers; except
     int8's fed W1, one column copy per layer and neuron range (``PrecisionSpec.w1_fed_by_columns``)."""
-    from headbudget.engine import onnx_bind as B
+    from headbudget.engine.onnx import bind as B
     from headbudget.engine.precision import PRECISIONS
-    from headbudget.engine.store import input_names, layer_names
-    from headbudget.engine.weights import gate_params, load_state, pack
+    from headbudget.engine.weights.pack import gate_params, load_state, pack
+    from headbudget.engine.weights.store import input_names, layer_names
     from headbudget.models.budget import head_order
     from headbudget.models.plan import BudgetPolicy
 
@@ -298,9 +298,9 @@ def test_fp32_graphs_carry_the_residual_in_the_gemm(tiny_model_scope_checkpoint:
     """fp32 folds each block's output bias into the residual stream (weights.fold_residual_biases): its graphs
     add no residual, at any budget and in the all-budget graph; int8 keeps one Add per block. The only other Adds
     are the position embeddings and the padding mask (one per attention block run)."""
-    from headbudget.engine import onnx_bind as B
-    from headbudget.engine import onnx_graph as G
-    from headbudget.engine.weights import gate_params, load_state, pack
+    from headbudget.engine.onnx import bind as B
+    from headbudget.engine.onnx import graph as G
+    from headbudget.engine.weights.pack import gate_params, load_state, pack
     from headbudget.models.budget import head_order
     from headbudget.models.plan import BudgetPolicy
 

@@ -9,11 +9,12 @@ from typing import get_args
 import numpy as np
 import pytest
 
-from headbudget.engine.graph_cache import GraphCache
+from headbudget.engine.artifacts import checkpoint_config
+from headbudget.engine.onnx.cache import GraphCache
 from headbudget.engine.precision import PRECISIONS
-from headbudget.engine.store import LayerNames, WeightStore, input_names, layer_names
 from headbudget.engine.types import Precision
-from headbudget.engine.weights import checkpoint_config, gate_params, load_state, pack
+from headbudget.engine.weights.pack import gate_params, load_state, pack
+from headbudget.engine.weights.store import LayerNames, WeightStore, input_names, layer_names
 from headbudget.models.budget import head_order
 from headbudget.models.plan import BudgetPolicy
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from headbudget.engine.artifacts import checkpoint_digest
 from headbudget.engine.decider import Decider, OperatingPoint, save_decider
-from headbudget.engine.weights import checkpoint_digest
 from headbudget.loadtest.auto_latency import bracket, main
 
 

@@ -62,7 +62,7 @@ def test_both_kinds_are_compared_and_the_winner_is_saved(decided: tuple[Path, Pa
 
 
 def _checksum(folder: Path) -> str:
-    from headbudget.engine.weights import checkpoint_digest
+    from headbudget.engine.artifacts import checkpoint_digest
 
     return checkpoint_digest(folder)
 

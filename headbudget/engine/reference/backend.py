@@ -15,8 +15,8 @@ import torch
 from headbudget.engine.base import EngineBase, check_budget
 from headbudget.engine.errors import ModelLoadError
 from headbudget.engine.precision import PRECISIONS
-from headbudget.engine.store import Embeddings
 from headbudget.engine.types import EngineOptions, ExecutionPlan, ModelInfo
+from headbudget.engine.weights.store import Embeddings
 from headbudget.models.checkpoint import load_checkpoint
 from headbudget.models.checkpoint_meta import CheckpointError
 

@@ -22,7 +22,7 @@ batch 1, interleaved A/B in one process, medians of 30-150 rounds on a shared 2-
   same way. Packed levels (``PrecisionSpec.ffn_levels``, ``attention_levels``) add branches: the largest level
   within the plan's width runs from prepacked initializers and only the rest of its units from inputs, because
   an unpacked product packs its weights on every call (docs/results.md, 'Every budget costs what it says').
-  Small plans (``PrecisionSpec.fed_up_to``, ``onnx_bind.runs_fed``) run a second all-budget session whose graph
+  Small plans (``PrecisionSpec.fed_up_to``, ``bind.runs_fed``) run a second all-budget session whose graph
   has no If node, every block's units fed: there the branches cost more than the packing. One run call per
   forward. fp32: b=1 18.4 ms, b=0.5 15.5, b=0.25 13.8 vs ORT dense 19.3 (a second round:
   19.7 / 16.3 / 14.2 vs 20.0); memory 151 MB over imports for all 19 budgets vs 132 MB dense (1.14x).
@@ -50,16 +50,17 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from headbudget.engine import onnx_bind as B
-from headbudget.engine import onnx_graph as G
+from headbudget.engine.artifacts import checkpoint_config
 from headbudget.engine.base import EngineBase
 from headbudget.engine.errors import ModelLoadError
-from headbudget.engine.graph_cache import GraphCache, cache_key
-from headbudget.engine.ort_fast import Runner
+from headbudget.engine.onnx import bind as B
+from headbudget.engine.onnx import graph as G
+from headbudget.engine.onnx.cache import GraphCache, cache_key
+from headbudget.engine.onnx.runner import Runner
 from headbudget.engine.precision import PRECISIONS
-from headbudget.engine.store import Arrays, Embeddings
 from headbudget.engine.types import BenchRecord, EngineOptions, ExecutionPlan, ModelInfo
-from headbudget.engine.weights import checkpoint_config, gate_params, load_state, pack
+from headbudget.engine.weights.pack import gate_params, load_state, pack
+from headbudget.engine.weights.store import Arrays, Embeddings
 from headbudget.models.budget import BUDGET_GRID, head_order
 from headbudget.models.plan import BudgetPolicy
 
@@ -149,7 +150,7 @@ class OnnxEngine(EngineBase):
     # -- sessions ---------------------------------------------------------------------------------------
     def _session(self, key: Any, name: str, arrays: Arrays, build: Callable[[], onnx.ModelProto],
                  prepack: bool) -> Runner:
-        """The session for ``key`` (created on first use), behind the fast-path seam of ``ort_fast``."""
+        """The session for ``key`` (created on first use), behind the fast-path seam of ``runner``."""
         sess = self._sessions.get(key)
         if sess is None:
             so = ort.SessionOptions()

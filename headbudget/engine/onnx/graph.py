@@ -4,12 +4,12 @@ Why onnx.helper and not torch.onnx.export of a sliced module: the graph is small
 BERT), and writing it directly lets us (1) use ONNX Runtime's CPU kernels we measured fastest (Gemm with the bias fused,
 one Q/K/V GEMM per layer, FusedMatMul for scaled scores, DynamicQuantizeMatMul for int8) without relying on
 the exporter's patterns being fused, (2) reference every weight by name so that all budgets' sessions share one copy of each array
-(``onnx_bind.bind`` returns numpy *views* for head prefixes), and (3) keep torch out of the serving process.
+(``bind.bind`` returns numpy *views* for head prefixes), and (3) keep torch out of the serving process.
 
 A graph is determined by an execution plan: the per-layer head counts ``plan.heads`` and, for whole-model
 budgets, the per-layer feed-forward widths ``plan.ffn``; the kept heads of layer l are the first heads[l] heads
 of the layer's permuted order and its kept neurons the first ffn[l] neurons of its neuron order
-(engine/weights.py). A layer with no head passes LN(x + b_O), one with no neuron LN(x + b_2), which is exactly
+(engine/weights/pack.py). A layer with no head passes LN(x + b_O), one with no neuron LN(x + b_2), which is exactly
 what the reference model computes with those gates at 0. Attention-scope plans (``ffn`` None) build exactly the
 graphs they built before feed-forward budgets existed.
 """
@@ -25,9 +25,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from headbudget.engine.onnx_bind import Levels, run_layers
+from headbudget.engine.onnx.bind import Levels, run_layers
 from headbudget.engine.precision import PRECISIONS
-from headbudget.engine.store import (
+from headbudget.engine.types import Precision
+from headbudget.engine.weights.pack import w1_by_rows
+from headbudget.engine.weights.store import (
     CLASSIFIER,
     EMBEDDINGS,
     POOLER,
@@ -40,8 +42,6 @@ from headbudget.engine.store import (
     layer_names,
     level_input,
 )
-from headbudget.engine.types import Precision
-from headbudget.engine.weights import w1_by_rows
 from headbudget.models.config import ModelConfig
 from headbudget.models.plan import ExecutionPlan
 

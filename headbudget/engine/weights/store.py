@@ -1,7 +1,7 @@
 """The engine's weight store as typed records, and the one place that knows their ONNX names.
 
 ``weights.pack`` builds a ``WeightStore`` from a checkpoint (the layouts are described there). Every budget's
-graph binds views of these arrays by name (``onnx_graph.bind``), so all sessions share one copy. A record's
+graph binds views of these arrays by name (``graph.bind``), so all sessions share one copy. A record's
 field name is the array's ONNX name, under ``l{layer}.`` for a layer's; ``layer_names`` and ``input_names`` add
 the suffixes of prefix slices and the all-budget graph's per-call inputs. The on-disk cache stores
 ``WeightStore.arrays()`` under the same names.
@@ -207,7 +207,7 @@ def layer_names(layer: int, heads: int | None = None, neurons: int | None = None
 
 @dataclass(frozen=True)
 class InputNames:
-    """The all-budget graph's per-call inputs for one layer (``onnx_graph.build_dynamic``): whether the layer
+    """The all-budget graph's per-call inputs for one layer (``graph.build_dynamic``): whether the layer
     runs all its heads (neurons), the If branch with prepacked weights, else the prefix slices."""
 
     full: str

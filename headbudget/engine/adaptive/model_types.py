@@ -1,4 +1,4 @@
-"""Each adaptive type's part of the fast path (engine/adaptive_backend.py): its cap, how its heads are laid
+"""Each adaptive type's part of the fast path (engine/adaptive/backend.py): its cap, how its heads are laid
 out, the plan each input runs in each layer, and what its side network costs.
 
 The math is in models/ (budgetformer, span, adaattention: the same functions the reference modules call); a

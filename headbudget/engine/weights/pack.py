@@ -25,42 +25,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from headbudget.engine.errors import ModelLoadError
 from headbudget.engine.precision import PRECISIONS
-from headbudget.engine.store import Arrays, Embeddings, Head, LayerWeights, WeightStore
 from headbudget.engine.types import Precision
+from headbudget.engine.weights.store import Arrays, Embeddings, Head, LayerWeights, WeightStore
 from headbudget.models.budget import GateParams
-from headbudget.models.checkpoint_meta import (
-    CONFIG,
-    WEIGHTS,
-    CheckpointError,
-    model_config,
-    read_config,
-    weights_digest,
-)
+from headbudget.models.checkpoint_meta import WEIGHTS
 from headbudget.models.config import ModelConfig
 from headbudget.models.plan import BudgetPolicy
-
-
-def checkpoint_config(folder: Path) -> tuple[dict[str, Any], ModelConfig]:
-    """config.json of a checkpoint and its ModelConfig (models.checkpoint_meta), errors as ModelLoadError."""
-    try:
-        config = read_config(Path(folder))
-        return config, model_config(config, Path(folder) / CONFIG)
-    except CheckpointError as e:
-        raise ModelLoadError(str(e)) from e
-
-
-def checkpoint_digest(folder: Path) -> str:
-    """SHA-256 of model.safetensors (models.checkpoint_meta.weights_digest), errors as ModelLoadError."""
-    try:
-        return weights_digest(Path(folder))
-    except OSError as e:
-        raise ModelLoadError(f"{Path(folder) / WEIGHTS}: unreadable ({e})") from e
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

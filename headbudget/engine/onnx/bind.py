@@ -1,7 +1,7 @@
 """The arrays the engine's ONNX graphs name, as views of one weight store: initializers and per-call inputs.
 
-``bind`` gives a plan's own graph (``onnx_graph.build_graph``) its initializers, ``dynamic_arrays`` and
-``dynamic_feeds`` the all-budget graph's (``onnx_graph.build_dynamic``) initializers and a plan's per-call
+``bind`` gives a plan's own graph (``graph.build_graph``) its initializers, ``dynamic_arrays`` and
+``dynamic_feeds`` the all-budget graph's (``graph.build_dynamic``) initializers and a plan's per-call
 inputs. A plan keeps the first heads (neurons) of each layer's rank order, so its arrays are row prefixes of
 the store's: numpy views, one copy of every weight for all budgets. The exception is int8 Q/K/V, stored
 (D, H*3*dh): a head prefix is a column copy, made once per (layer, heads) in the engine's ``SliceCache``.
@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from headbudget.engine.precision import PRECISIONS
-from headbudget.engine.store import (
+from headbudget.engine.types import Precision
+from headbudget.engine.weights.store import (
     CLASSIFIER,
     EMBEDDINGS,
     POOLER,
@@ -28,7 +29,6 @@ from headbudget.engine.store import (
     layer_names,
     level_input,
 )
-from headbudget.engine.types import Precision
 from headbudget.models.config import ModelConfig
 from headbudget.models.plan import ExecutionPlan
 
@@ -267,7 +267,7 @@ def dynamic_feeds(store: WeightStore, cfg: ModelConfig, plan: ExecutionPlan, cac
         if not fed:
             out[n.full] = np.array(branch)
         lo = 0 if branch else floor_level(k, levels.heads)
-        if levels.heads:  # which branch runs (the flags of ``onnx_graph._Graph.choose``): one of these, or full
+        if levels.heads:  # which branch runs (the flags of ``graph._Graph.choose``): one of these, or full
             for lv in (0, *levels.heads):
                 out[level_input(layer, lv, heads=True)] = np.array(not branch and lv == lo)
         if lo < k and not branch:

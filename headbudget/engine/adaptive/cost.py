@@ -6,7 +6,7 @@ only its window. So a head is counted by its width d' and by the keys per query 
     head = 3·n·D·d' (its Q/K/V rows) + 2·n·keys·d' (scores and values) + n·d'·D (its W_O columns)
 which with d' = d_h and keys = n for every head is exactly ``cost.attention_macs``. The small networks the
 adaptive types add (BudgetFormer's f and g, AdaAttention's scorer) are counted on top, in total_macs only;
-each type's count is the ``side_macs`` of its module in models/, reached through engine/adaptive_types.py.
+each type's count is the ``side_macs`` of its module in models/, reached through engine/adaptive/model_types.py.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def span_pairs(window: int, n_tokens: int) -> int:
 
     Queries run in blocks of B = span_block(w); a block multiplies the B + 2w - 2 keys any of its queries can
     see (K/V zero-padded at both ends, the last block padded to B queries). Where ``span_blocked`` says no, the
-    dense kernel with the ramp as a bias runs instead: n * n (engine/adaptive_backend.py).
+    dense kernel with the ramp as a bias runs instead: n * n (engine/adaptive/backend.py).
     """
     if not span_blocked(window, n_tokens):
         return n_tokens * n_tokens

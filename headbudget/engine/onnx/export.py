@@ -38,17 +38,12 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from headbudget.engine import onnx_bind as B
-from headbudget.engine import onnx_graph as G
+from headbudget.engine.artifacts import checkpoint_config, checkpoint_digest
 from headbudget.engine.errors import EngineError
+from headbudget.engine.onnx import bind as B
+from headbudget.engine.onnx import graph as G
 from headbudget.engine.types import Precision
-from headbudget.engine.weights import (
-    checkpoint_config,
-    checkpoint_digest,
-    gate_params,
-    load_state,
-    pack,
-)
+from headbudget.engine.weights.pack import gate_params, load_state, pack
 from headbudget.models.budget import head_order
 from headbudget.models.config import ModelConfig
 from headbudget.models.model_types import model_type

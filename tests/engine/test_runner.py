@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from headbudget.engine import ort_fast
 from headbudget.engine.factory import load_engine
+from headbudget.engine.onnx import runner as ort_fast
 from headbudget.engine.types import EngineOptions
 
 TEXTS = ["Stocks rallied on Wall Street.", "The striker scored twice in the final minutes of the match.", "Chip"]

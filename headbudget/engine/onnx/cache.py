@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import onnx
 
-from headbudget.engine.onnx_graph import BUILDER_VERSION, PLACEHOLDER_FILE
-from headbudget.engine.store import WeightStore
+from headbudget.engine.onnx.graph import BUILDER_VERSION, PLACEHOLDER_FILE
 from headbudget.engine.types import Precision
+from headbudget.engine.weights.store import WeightStore
 from headbudget.models.config import ModelConfig
 
 log = logging.getLogger(__name__)

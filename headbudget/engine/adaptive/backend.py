@@ -8,7 +8,7 @@ by exactly 0. This engine gets the same numbers without computing them:
   multiplying only the B + 2w - 2 keys its queries can reach (the ramp zeroes the few beyond w), heads with
   equal windows batched (heads are sorted by window at load); see ``_span`` for why not a strict window.
 - AdaAttention: per input, each head's d' from the scorer; Q/K/V rows and W_O columns sliced to d'.
-What each type chooses is engine/adaptive_types.py's (looked up once, at load), on models/' functions.
+What each type chooses is engine/adaptive/model_types.py's (looked up once, at load), on models/' functions.
 Every input runs at its own length (no padding). Inputs of a batch are packed into one (T, D) token matrix so
 the feed-forward blocks and the projections of inputs that share a plan run as one matmul (``grouped``).
 """
@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headbudget.engine.adaptive_cost import Usage, plan_macs, span_block, span_blocked, span_pairs, usage_cost
-from headbudget.engine.adaptive_types import Group, Layout, Plan, Weights, segment_mean, type_path
+from headbudget.engine.adaptive.cost import Usage, plan_macs, span_block, span_blocked, span_pairs, usage_cost
+from headbudget.engine.adaptive.model_types import Group, Layout, Plan, Weights, segment_mean, type_path
 from headbudget.engine.base import EngineBase, check_budget, softmax, tokenized
 from headbudget.engine.errors import ModelLoadError
 from headbudget.engine.precision import PRECISIONS

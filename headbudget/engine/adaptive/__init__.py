@@ -1,0 +1,1 @@
+"""The fast path for the adaptive model types (BudgetFormer, adaptive span, AdaAttention)."""

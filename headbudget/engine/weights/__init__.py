@@ -1,0 +1,1 @@
+"""A checkpoint's weights as numpy arrays laid out for every budget, shared by the backends."""
