@@ -29,9 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(args: argparse.Namespace) -> int:
 
+    from headbudget.experiments.report import evaluate_checkpoint
     from headbudget.models.checkpoint import read_config
     from headbudget.models.model_types import model_type
-    from headbudget.training.report import evaluate_checkpoint
 
     kind = str(read_config(args.model).get("model", {}).get("model_type", "budgeted"))
     if not model_type(kind).static_plans:
@@ -62,9 +62,9 @@ def _auto(args: argparse.Namespace, sweep: dict[str, Any]) -> None:
     if not (args.model / DECIDER_FILE).is_file():
         return
     from headbudget.engine.artifacts import checkpoint_config
-    from headbudget.training.auto_report import auto_report, measurement_engine, print_report
-    from headbudget.training.plots import load_benches, pareto_plot
-    from headbudget.training.report import checkpoint_split
+    from headbudget.experiments.auto_report import auto_report, measurement_engine, print_report
+    from headbudget.experiments.plots import load_benches, pareto_plot
+    from headbudget.experiments.report import checkpoint_split
 
     engine = measurement_engine(args.model)
     decider = engine.info.decider
@@ -86,12 +86,12 @@ def _add_int8(args: argparse.Namespace) -> int:
     import json
 
     from headbudget.commands.common import CliError
+    from headbudget.experiments.plots import load_benches, pareto_plot
+    from headbudget.experiments.report import align_labels
     from headbudget.models.checkpoint import read_config
     from headbudget.models.tokenizer import TextEncoder
     from headbudget.training.batches import tokenize
     from headbudget.training.data import load_data
-    from headbudget.training.plots import load_benches, pareto_plot
-    from headbudget.training.report import align_labels
 
     path = args.out / "sweep.json"
     if not path.is_file():
@@ -148,7 +148,7 @@ def _eval_adaptive(args: argparse.Namespace, model_type: str) -> int:
     import json
 
     from headbudget.commands.common import CliError
-    from headbudget.training.adaptive_report import evaluate_adaptive
+    from headbudget.experiments.adaptive_report import evaluate_adaptive
 
     if args.int8 or args.add_int8:
         raise CliError(f"--int8: the {model_type} type runs on the fp32 adaptive path only")

@@ -40,11 +40,11 @@ def run(args: argparse.Namespace) -> int:
 
     from headbudget.commands.common import CliError
     from headbudget.experiments.importance import head_importance, importance_heatmap
+    from headbudget.experiments.report import align_labels
     from headbudget.models.checkpoint import load_checkpoint
     from headbudget.models.tokenizer import TextEncoder
     from headbudget.training.batches import tokenize
     from headbudget.training.data import load_data
-    from headbudget.training.report import align_labels
 
     if args.ablation_examples < 0:
         raise CliError(f"--ablation-examples must be >= 0, got {args.ablation_examples}")

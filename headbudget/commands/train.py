@@ -73,7 +73,7 @@ def resolve(args: argparse.Namespace, device: str = "cpu") -> RunConfig:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from headbudget.training.report import evaluate_checkpoint
+    from headbudget.experiments.report import evaluate_checkpoint
     from headbudget.training.trainer import train
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     recipe = run_cfg.recipe
     out = train(run_cfg, args.out)
     if not args.no_sweep and args.model != "budgeted":
-        from headbudget.training.adaptive_report import evaluate_adaptive
+        from headbudget.experiments.adaptive_report import evaluate_adaptive
 
         rep = evaluate_adaptive(out, args.data, "test", out, limit=recipe.sweep_examples, device=device)
         dense = rep.get("dense_accuracy")

@@ -39,9 +39,9 @@ def matched_budget(mean_cost: float, n_layers: int, n_heads: int) -> tuple[float
 
 def budgeted_accuracy(folder: Path, data_spec: str, budget: float) -> dict[str, Any]:
     """Hard accuracy of the budgeted checkpoint at ``budget`` and dense (b = 1) on the test split."""
+    from headbudget.experiments.report import checkpoint_split
     from headbudget.models.checkpoint import load_checkpoint
     from headbudget.training.evaluation import accuracy
-    from headbudget.training.report import checkpoint_split
 
     model, config = load_checkpoint(folder)
     _, _, data = checkpoint_split(folder, config, model.cfg.labels, model.cfg.max_position, data_spec, "test")

@@ -120,7 +120,7 @@ def _sweep() -> dict[str, Any]:
 
 
 def test_pareto_draws_the_budgets_file_in_place_of_its_bench_json(budgets_file: Path, tmp_path: Path) -> None:
-    from headbudget.training.plots import latency_tables, load_benches, pareto_plot
+    from headbudget.experiments.plots import latency_tables, load_benches, pareto_plot
 
     folder = tmp_path / "model"
     folder.mkdir()

@@ -8,12 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from headbudget.commands.predict import _USAGE_LINES
 from headbudget.models.budgetformer import budget_cap_heads
 from headbudget.models.checkpoint import load_checkpoint
-from headbudget.models.model_types import adaptive_types
-from headbudget.training.adaptive_report import REPORTS
-from headbudget.training.plots import ADAPTIVE_PANELS
 from tests.conftest import run_cli, train_adaptive_smoke
 
 
@@ -92,6 +88,3 @@ def test_eval_and_predict_on_an_adaptive_checkpoint(budgetformer_smoke: Path, tm
     heads = int(pred.stdout.split("heads: ")[1].split("/")[0])
     assert 1 <= heads <= 2  # cap round(0.25 * 4) = 1 head in each of 2 layers
 
-
-def test_every_adaptive_type_has_a_report_a_figure_and_a_predict_line() -> None:
-    assert set(REPORTS) == set(ADAPTIVE_PANELS) == set(_USAGE_LINES) == set(adaptive_types())

@@ -8,12 +8,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from headbudget.experiments.plots import load_benches, pareto_plot
 from headbudget.models.checkpoint import CheckpointError, load_checkpoint
 from headbudget.models.classifier import BudgetedClassifier
 from headbudget.models.tokenizer import TextEncoder
 from headbudget.training.batches import TokenizedSplit, tokenize
 from headbudget.training.data import DataError, DataSet, Split, load_data
-from headbudget.training.plots import load_benches, pareto_plot
 from headbudget.training.sweep import HardRunner, dense_reference, run_sweep
 
 log = logging.getLogger(__name__)

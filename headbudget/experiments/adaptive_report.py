@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from headbudget.experiments.report import checkpoint_split
 from headbudget.models.adaptive import AdaptiveClassifier
 from headbudget.models.budget import BUDGET_GRID
 from headbudget.models.checkpoint import CheckpointError, load_checkpoint
@@ -27,7 +28,6 @@ from headbudget.models.tokenizer import TextEncoder
 from headbudget.training.batches import TokenizedSplit, batches, order_for_eval, tokenize
 from headbudget.training.data import DataError, Split
 from headbudget.training.evaluation import accuracy
-from headbudget.training.report import checkpoint_split
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ def evaluate_adaptive(folder: Path, data_spec: str, split: str, out: Path, limit
     report.update(type_report(model, data, ReportInputs(folder, part, dense, long_length)))
     out.mkdir(parents=True, exist_ok=True)
     (out / "adaptive_sweep.json").write_text(json.dumps(report, indent=2) + "\n")
-    from headbudget.training.plots import adaptive_plot
+    from headbudget.experiments.plots import adaptive_plot
 
     adaptive_plot(report, out / "adaptive.png")
     return report

@@ -57,7 +57,7 @@ def pareto_plot(sweep: dict[str, Any], path: Path, title: str | None = None,
                 benches: list[dict[str, Any]] | None = None, auto: dict[str, Any] | None = None) -> Path:
     """Accuracy vs cost (soft curve at C(b), hard curve at its kept share, dense as a line); with benchmark
     tables, a second panel: hard accuracy vs measured latency, with ORT's dense fp32 and int8 as references;
-    with an auto report (auto.json, training/auto_report.py), a last panel: budget=auto's operating points
+    with an auto report (auto.json, experiments/auto_report.py), a last panel: budget=auto's operating points
     beside the fixed budgets, both at the mean latency measured there."""
     pts = sweep["points"]
     whole = SCOPE_SPECS[sweep.get("scope", "attention")].gates_ffn  # sweeps of attention checkpoints name none
