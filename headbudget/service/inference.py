@@ -13,9 +13,9 @@ from starlette.requests import Request
 
 from headbudget.engine.types import Auto, BudgetRequest, Fixed, LatencyTarget
 from headbudget.service.auth import Caller, admit, check_budget
-from headbudget.service.batching import Job, JobResult
 from headbudget.service.compute import Bill, Quote, bill, check_cap, floor_quote, priced_budget, quote, units
 from headbudget.service.errors import BadRequest, ClientGone, InvalidRequest, Unavailable
+from headbudget.service.jobs import Job, JobResult
 from headbudget.service.runtime import Runtime
 from headbudget.service.schemas import BudgetSource, ClassifyRequest
 from headbudget.service.settings import AUTO, TierConfig

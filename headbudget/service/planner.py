@@ -26,14 +26,11 @@ keys (``FairShare``), then arrival.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING
 
 from headbudget.engine.protocol import Engine
 from headbudget.engine.types import Auto, Fixed, LatencyTarget
+from headbudget.service.jobs import Job
 from headbudget.service.latency import LatencyModel
-
-if TYPE_CHECKING:
-    from headbudget.service.batching import Job
 
 
 class Planner:

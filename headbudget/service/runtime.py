@@ -12,7 +12,8 @@ from headbudget.service.batching import Batcher
 from headbudget.service.compute import ComputeUnit
 from headbudget.service.metrics import Metrics
 from headbudget.service.settings import ConfigError, ServiceConfig, load_config
-from headbudget.service.state import StateStore, make_state
+from headbudget.service.state import StateStore
+from headbudget.service.stores import make_state
 
 log = logging.getLogger("headbudget.service")
 

@@ -349,12 +349,3 @@ class MemoryState:
             if deadline > now:
                 break
             self._answers.popitem(last=False)
-
-
-def make_state(config: StateConfig) -> StateStore:
-    """The store the config asks for: Redis when ``redis_url`` is set, else memory."""
-    if config.redis_url:
-        from headbudget.service.redis_state import RedisState
-
-        return RedisState(config)
-    return MemoryState(config)

@@ -12,7 +12,7 @@ import pytest
 
 from headbudget.engine.types import Fixed
 from headbudget.service.auth import hash_key
-from headbudget.service.batching import Job
+from headbudget.service.jobs import Job
 from headbudget.service.planner import FairShare
 from headbudget.service.settings import ServiceConfig, parse_config
 from tests.service.conftest import config_dict, headers, running_app

@@ -11,7 +11,7 @@ import pytest
 
 from headbudget.engine.artifacts import BenchRecord
 from headbudget.engine.types import BudgetRequest, Fixed, LatencyTarget
-from headbudget.service.batching import Job
+from headbudget.service.jobs import Job
 from headbudget.service.latency import LatencyModel
 from headbudget.service.planner import Planner
 from headbudget.service.settings import parse_config
