@@ -14,7 +14,7 @@ from bisect import bisect_left
 from collections.abc import Sequence
 
 from headbudget.engine.types import BenchRecord
-from headbudget.service.settings import budget_bucket
+from headbudget.service.metrics import budget_bucket
 
 DEFAULT_GRID: tuple[float, ...] = tuple(round(0.10 + 0.05 * i, 2) for i in range(19))
 _ALPHA = 0.2  # weight of one new observation in the correction factor

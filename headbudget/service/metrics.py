@@ -1,15 +1,16 @@
 """Every Prometheus metric of the service, its labels and its buckets, declared in this one file.
 
-Labels are tiers (never keys, but for the compute counters under ``[metrics] per_key``), HTTP status codes, and
-budgets bucketed to 0.1 steps ("0.1" ... "1.0"); on a checkpoint that predicts its own budget (BudgetFormer), an uncapped run is labelled "auto" instead of "1.0"
-(``budget=auto`` requests, and numeric 1.0, which means no cap there); on a budgeted checkpoint with a decider,
-every ``budget=auto`` run is labelled "auto", whatever its ceiling, and numeric budgets keep their buckets. With several uvicorn
-workers, set PROMETHEUS_MULTIPROC_DIR (``headbudget serve`` does): values then live in shared files and
-``render`` aggregates them across workers.
+Each metric's attribute is its exported name without ``headbudget_`` (and a counter's ``_total``). Labels are
+tiers (never keys, but for the compute counters under ``[metrics] per_key``), HTTP status codes, and budgets
+bucketed to 0.1 steps ("0.1" ... "1.0"), or "auto": on a checkpoint that predicts its own budget (BudgetFormer)
+an uncapped run (``budget=auto``, or 1.0, which means no cap there); on a budgeted checkpoint with a decider every
+``budget=auto`` run, whatever its ceiling. With several uvicorn workers, set PROMETHEUS_MULTIPROC_DIR (``headbudget
+serve`` does): values then live in shared files and ``render`` aggregates them across workers.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable
 from typing import Generic, TypeVar
@@ -26,7 +27,7 @@ from prometheus_client import multiprocess as prom_mp
 from prometheus_client.metrics import MetricWrapperBase
 
 from headbudget.engine.types import Cost
-from headbudget.service.settings import AUTO, budget_label
+from headbudget.service.settings import AUTO
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                      10.0)
@@ -39,7 +40,7 @@ M = TypeVar("M", bound=MetricWrapperBase)
 
 class Children(Generic[M]):
     """A labelled metric's children, each looked up once: ``labels()`` checks its arguments and takes a lock on
-    every call (about 2 us, and an answered request updated 14 series through it)."""
+    every call, and every answer updates a dozen series."""
 
     def __init__(self, metric: M) -> None:
         self._metric = metric
@@ -52,6 +53,17 @@ class Children(Generic[M]):
         return child
 
 
+def budget_bucket(budget: float) -> str:
+    """The 0.1-step label a budget is reported under ("0.1" ... "1.0")."""
+    return f"{math.floor(budget * 10.0 + 0.5 + 1e-9) / 10.0:.1f}"
+
+
+def budget_label(budget: float, supports_auto: bool) -> str:
+    """The ``budget`` label of a run at ``budget``: "auto" for an uncapped run (1.0) of a checkpoint that predicts
+    its own budget (there, 1.0 means no cap, which is what ``budget=auto`` runs), else its 0.1-step bucket."""
+    return AUTO if supports_auto and budget >= 1.0 - 1e-9 else budget_bucket(budget)
+
+
 def multiprocess_dir() -> str | None:
     """The prometheus-client multiprocess folder, when several workers share metrics."""
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
@@ -62,27 +74,42 @@ class Metrics:
 
     def __init__(self, latency_targets_s: Iterable[float] = (), per_key: bool = False) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
         # [metrics] per_key: the compute counters get a key label (the key's name): a series per key.
         self.per_key = per_key
-        spend_labels = ["tier", "key"] if per_key else ["tier"]
-        self.compute_units = Counter(
-            "headbudget_compute_units", "Compute units charged for answered requests (one unit: the dense model's "
-            "multiply-adds on one token at 128 tokens), by tier (and key with [metrics] per_key).", spend_labels,
-            registry=r)
-        self.compute_units_saved = Counter(
-            "headbudget_compute_units_saved", "Compute units the answers did not spend against the dense model, by "
-            "tier (and key with [metrics] per_key).", spend_labels, registry=r)
+        self._declare_requests(latency_targets_s)
+        self._declare_passes()
+        self._declare_costs()
+        self._declare_compute()
+        self._declare_feedback()
+        self._declare_state()
+        # Set at start-up from the checkpoint: whether budget 1.0 is labelled "auto" (a checkpoint that predicts its
+        # own budget, where a number is a cap and 1.0 is no cap).
+        self.supports_auto = False
+
+    def _declare_requests(self, latency_targets_s: Iterable[float]) -> None:
+        """The API's requests: how many by status, and how long they took (the tiers' targets are buckets)."""
+        r = self.registry
         request_buckets = tuple(sorted(set(LATENCY_BUCKETS_S) | {round(t, 6) for t in latency_targets_s}))
         self.requests = Counter("headbudget_requests_total", "API requests answered, by tier and HTTP status.",
                                 ["tier", "status"], registry=r)
-        self.request_duration = Histogram(
+        self.request_duration_seconds = Histogram(
             "headbudget_request_duration_seconds", "Time from arrival to answer inside the server, by tier.",
             ["tier"], buckets=request_buckets, registry=r)
-        self.inference_duration = Histogram(
+        self.degraded = Counter("headbudget_degraded_total",
+                                "Requests run below their budget to meet the tier's latency target, by tier.",
+                                ["tier"], registry=r)
+        self.queue_depth = Gauge("headbudget_queue_depth", "Requests waiting for the model.", registry=r,
+                                 multiprocess_mode="livesum")
+        self._requests = Children(self.requests)
+        self._request_duration_seconds = Children(self.request_duration_seconds)
+
+    def _declare_passes(self) -> None:
+        """The forward passes: wall time, CPU time, size and the tokens they ran."""
+        r = self.registry
+        self.inference_duration_seconds = Histogram(
             "headbudget_inference_duration_seconds", "Wall time of one batched forward pass, by budget bucket.",
             ["budget"], buckets=LATENCY_BUCKETS_S, registry=r)
-        self.engine_cpu = Counter(
+        self.engine_cpu_seconds = Counter(
             "headbudget_engine_cpu_seconds_total", "CPU time of the forward passes (tokenizing, running and "
             "answering a batch, on the thread that ran it; a priced request's texts are tokenized at admission, "
             "once, and that time counts here), by budget bucket: a process's CPU minus this is what serving costs "
@@ -92,23 +119,53 @@ class Metrics:
         self.engine_tokens = Counter(
             "headbudget_engine_tokens_total", "Tokens the forward passes ran: the texts' own (kind=text) and the "
             "padding that made a pass's texts one length (kind=padding).", ["kind"], registry=r)
-        self.queue_depth = Gauge("headbudget_queue_depth", "Requests waiting for the model.", registry=r,
-                                 multiprocess_mode="livesum")
-        self.whole_cost_ratio = Histogram(
+        self._inference_duration_seconds = Children(self.inference_duration_seconds)
+        self._engine_cpu_seconds, self._engine_tokens = Children(self.engine_cpu_seconds), Children(self.engine_tokens)
+
+    def _declare_costs(self) -> None:
+        """What each text spent: of the whole forward pass, and of its attention blocks alone."""
+        r = self.registry
+        self.cost_ratio = Histogram(
             "headbudget_cost_ratio", "Fraction of the dense whole forward pass's multiply-adds spent per text, "
             "by tier.", ["tier"], buckets=RATIO_BUCKETS, registry=r)
-        self.whole_macs = Counter("headbudget_macs_total", "Whole-forward multiply-adds spent, by tier.", ["tier"],
-                                  registry=r)
-        self.whole_macs_saved = Counter("headbudget_macs_saved_total", "Whole-forward multiply-adds saved "
-                                        "against the dense model, by tier.", ["tier"], registry=r)
-        self.cost_ratio = Histogram(
+        self.macs = Counter("headbudget_macs_total", "Whole-forward multiply-adds spent, by tier.", ["tier"],
+                            registry=r)
+        self.macs_saved = Counter("headbudget_macs_saved_total", "Whole-forward multiply-adds saved "
+                                  "against the dense model, by tier.", ["tier"], registry=r)
+        self.attention_cost_ratio = Histogram(
             "headbudget_attention_cost_ratio", "Fraction of dense attention multiply-adds spent per text, by tier.",
             ["tier"], buckets=RATIO_BUCKETS, registry=r)
-        self.macs = Counter("headbudget_attention_macs_total", "Attention multiply-adds spent, by tier.",
-                            ["tier"], registry=r)
-        self.macs_saved = Counter("headbudget_attention_macs_saved_total",
-                                  "Attention multiply-adds saved against the dense model, by tier.", ["tier"],
-                                  registry=r)
+        self.attention_macs = Counter("headbudget_attention_macs_total", "Attention multiply-adds spent, by tier.",
+                                      ["tier"], registry=r)
+        self.attention_macs_saved = Counter("headbudget_attention_macs_saved_total",
+                                            "Attention multiply-adds saved against the dense model, by tier.",
+                                            ["tier"], registry=r)
+        self._cost_ratio, self._attention_cost_ratio = Children(self.cost_ratio), Children(self.attention_cost_ratio)
+        self._macs, self._macs_saved = Children(self.macs), Children(self.macs_saved)
+        self._attention_macs, self._attention_macs_saved = (Children(self.attention_macs),
+                                                            Children(self.attention_macs_saved))
+
+    def _declare_compute(self) -> None:
+        """Compute units: charged, saved, and taken by degrading (the autoscaler's signal)."""
+        r = self.registry
+        spend_labels = ["tier", "key"] if self.per_key else ["tier"]
+        self.compute_units = Counter(
+            "headbudget_compute_units", "Compute units charged for answered requests (one unit: the dense model's "
+            "multiply-adds on one token at 128 tokens), by tier (and key with [metrics] per_key).", spend_labels,
+            registry=r)
+        self.compute_units_saved = Counter(
+            "headbudget_compute_units_saved", "Compute units the answers did not spend against the dense model, by "
+            "tier (and key with [metrics] per_key).", spend_labels, registry=r)
+        self.compute_degraded_units = Counter(
+            "headbudget_compute_degraded_units", "Compute requested but not run because the server lowered the "
+            "budget to meet the tier's latency target, in compute units (the dense model's multiply-adds per token "
+            "at 128 tokens), by tier: the autoscaler's signal of capacity short.", ["tier"], registry=r)
+        self._compute_units, self._compute_units_saved = (Children(self.compute_units),
+                                                          Children(self.compute_units_saved))
+
+    def _declare_feedback(self) -> None:
+        """Feedback outcomes and the accuracy per budget bucket, online and offline."""
+        r = self.registry
         self.feedback = Counter("headbudget_feedback_total", "Feedback received, by budget bucket and outcome.",
                                 ["budget", "correct"], registry=r)
         self.online_accuracy = Gauge(
@@ -117,28 +174,16 @@ class Metrics:
         self.offline_accuracy = Gauge(
             "headbudget_offline_accuracy", "Accuracy measured offline (sweep.json), by budget bucket.",
             ["budget"], registry=r, multiprocess_mode="mostrecent")
-        self.degraded = Counter("headbudget_degraded_total",
-                                "Requests run below their budget to meet the tier's latency target, by tier.",
-                                ["tier"], registry=r)
-        self.compute_degraded = Counter(
-            "headbudget_compute_degraded_units", "Compute requested but not run because the server lowered the "
-            "budget to meet the tier's latency target, in compute units (the dense model's multiply-adds per token "
-            "at 128 tokens), by tier: the autoscaler's signal of capacity short.", ["tier"], registry=r)
-        self.state_up = Gauge("headbudget_state_backend_up",
-                              "1 when the shared state store (Redis or memory) answers, else 0.", registry=r,
-                              multiprocess_mode="livemin")
+
+    def _declare_state(self) -> None:
+        """Whether the shared state store answers, and its failed operations."""
+        r = self.registry
+        self.state_backend_up = Gauge("headbudget_state_backend_up",
+                                      "1 when the shared state store (Redis or memory) answers, else 0.", registry=r,
+                                      multiprocess_mode="livemin")
         self.state_errors = Counter("headbudget_state_errors_total",
                                     "Failed shared-state operations, by operation.", ["operation"], registry=r)
-        self.state_up.set(1)
-        self._requests, self._request_duration = Children(self.requests), Children(self.request_duration)
-        self._inference_duration, self._engine_cpu = Children(self.inference_duration), Children(self.engine_cpu)
-        self._engine_tokens = Children(self.engine_tokens)
-        self._ratios = Children(self.whole_cost_ratio), Children(self.cost_ratio)
-        self._macs = Children(self.whole_macs), Children(self.whole_macs_saved), Children(self.macs), Children(self.macs_saved)
-        self._compute_units, self._compute_units_saved = Children(self.compute_units), Children(self.compute_units_saved)
-        # Set at start-up from the checkpoint: whether budget 1.0 is labelled "auto" (a checkpoint that predicts its
-        # own budget, where a number is a cap and 1.0 is no cap).
-        self.supports_auto = False
+        self.state_backend_up.set(1)
 
     def budget_label(self, budget: float, auto: bool = False) -> str:
         """The ``budget`` label of a run at ``budget`` (a cap, on checkpoints that predict their own); "auto" for
@@ -148,15 +193,15 @@ class Metrics:
     def observe_request(self, tier: str, status: int, seconds: float) -> None:
         """One API request answered."""
         self._requests(tier, str(status)).inc()
-        self._request_duration(tier).observe(seconds)
+        self._request_duration_seconds(tier).observe(seconds)
 
     def observe_batch(self, budget: float, seconds: float, size: int, cpu_s: float, auto: bool = False,
                       tokens: tuple[int, int] = (0, 0)) -> None:
         """One forward pass (with ``auto``, a decider's passes for one batch): its wall time, its size, the CPU
         time it took and the tokens it ran (the texts' own, the padding)."""
         label = self.budget_label(budget, auto)
-        self._inference_duration(label).observe(seconds)
-        self._engine_cpu(label).inc(cpu_s)
+        self._inference_duration_seconds(label).observe(seconds)
+        self._engine_cpu_seconds(label).inc(cpu_s)
         self.batch_size.observe(size)
         own, padding = tokens
         self._engine_tokens("text").inc(own)
@@ -164,30 +209,31 @@ class Metrics:
 
     def observe_answer(self, tier: str, costs: Iterable[Cost], degraded: bool) -> None:
         """One classify answer: each text's cost (whole forward pass and attention); whether it was degraded."""
-        ratio, attn_ratio = (m(tier) for m in self._ratios)
-        macs, saved, attn_macs, attn_saved = (m(tier) for m in self._macs)
+        cost_ratio, macs, macs_saved = self._cost_ratio(tier), self._macs(tier), self._macs_saved(tier)
+        attention_ratio, attention_macs = self._attention_cost_ratio(tier), self._attention_macs(tier)
+        attention_saved = self._attention_macs_saved(tier)
         for c in costs:
             # Under a decider's auto a text's passes add up: its attention blocks may cost more than one dense
             # pass's (two passes of a whole-model budget), which saved nothing rather than a negative amount.
-            ratio.observe(c.ratio)
+            cost_ratio.observe(c.ratio)
             macs.inc(c.total_macs)
-            saved.inc(max(0, c.saved))
-            attn_ratio.observe(c.attention_ratio)
-            attn_macs.inc(c.attention_macs)
-            attn_saved.inc(max(0, c.attention_saved))
+            macs_saved.inc(max(0, c.saved))
+            attention_ratio.observe(c.attention_ratio)
+            attention_macs.inc(c.attention_macs)
+            attention_saved.inc(max(0, c.attention_saved))
         if degraded:
             self.degraded.labels(tier=tier).inc()
 
     def observe_degraded_compute(self, tier: str, units: float) -> None:
         """Compute units a request asked for but did not run because its budget was lowered."""
         if units > 0:
-            self.compute_degraded.labels(tier=tier).inc(units)
+            self.compute_degraded_units.labels(tier=tier).inc(units)
 
     def declare_tiers(self, tiers: Iterable[str]) -> None:
         """Publish the per-tier counters the autoscaler reads at 0 before any traffic: a pod without the series
         has no value for prometheus-adapter, and a missing metric stops the HPA from scaling down."""
         for tier in tiers:
-            self.compute_degraded.labels(tier=tier)
+            self.compute_degraded_units.labels(tier=tier)
 
     def observe_charge(self, tier: str, key: str, charged: float, saved: float) -> None:
         """One answered request's charge and what it saved, in compute units."""
@@ -203,7 +249,7 @@ class Metrics:
 
     def set_state_up(self, up: bool) -> None:
         """Whether the shared-state backend answers."""
-        self.state_up.set(1 if up else 0)
+        self.state_backend_up.set(1 if up else 0)
 
     def set_offline_accuracy(self, points: Iterable[tuple[float, float]]) -> None:
         """Publish sweep.json's (budget, accuracy) points; the grid point nearest each 0.1 step wins."""

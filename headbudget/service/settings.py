@@ -427,13 +427,3 @@ def serve_env() -> ServeEnv:
         lines = [f"{ENV_PREFIX}{str(err['loc'][0]).upper()}: {err['msg']}" for err in e.errors()]
         raise ConfigError("; ".join(lines)) from None
 
-
-def budget_bucket(budget: float) -> str:
-    """The 0.1-step label a budget is reported under in metrics ("0.1" ... "1.0")."""
-    return f"{math.floor(budget * 10.0 + 0.5 + 1e-9) / 10.0:.1f}"
-
-
-def budget_label(budget: float, supports_auto: bool) -> str:
-    """The metrics label of a run at ``budget``: "auto" for an uncapped run (1.0) of a checkpoint that predicts
-    its own budget (there, 1.0 means no cap, which is what ``budget=auto`` runs), else its 0.1-step bucket."""
-    return AUTO if supports_auto and budget >= 1.0 - 1e-9 else budget_bucket(budget)

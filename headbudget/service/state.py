@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol
 
 from headbudget.service.compute import milli_of_units
-from headbudget.service.settings import StateConfig, TierConfig, budget_bucket
+from headbudget.service.metrics import budget_bucket
+from headbudget.service.settings import StateConfig, TierConfig
 
 
 class StateError(Exception):

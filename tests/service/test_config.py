@@ -11,7 +11,7 @@ import pytest
 
 from headbudget.client import AsyncClient, HeadbudgetError
 from headbudget.service.auth import hash_key
-from headbudget.service.settings import ConfigError, budget_bucket, load_config, parse_config
+from headbudget.service.settings import ConfigError, load_config, parse_config
 from tests.service.conftest import KEYS, config_dict, running_app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,11 +49,6 @@ def test_load_config_errors(tmp_path: Path) -> None:
     (tmp_path / "bad.toml").write_text("[tiers\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(tmp_path / "bad.toml")
-
-
-def test_budget_buckets() -> None:
-    assert [budget_bucket(b) for b in (0.1, 0.14, 0.15, 0.25, 0.5, 0.95, 1.0)] == \
-        ["0.1", "0.1", "0.2", "0.3", "0.5", "1.0", "1.0"]
 
 
 def test_keys_add_prints_a_key_once_and_stores_only_its_hash(tmp_path: Path) -> None:
