@@ -147,7 +147,7 @@ def measure(model_dir: Path, data: str, widths: list[float], budgets: list[float
     """The exit plans' cost, accuracy and latency against the checkpoint's own budgets (one JSON document)."""
     model, meta = load_checkpoint(model_dir)
     cfg, policy = model.cfg, model.gates.policy()
-    if cfg.gate.scope != "model" or cfg.pooler != "none":
+    if not cfg.gate.scope_spec.exits or cfg.pooler != "none":
         raise ValueError(f"{model_dir}: exits are measured on whole-model checkpoints without a pooler layer")
     # A checkpoint with trained exits is probed only below its first one: above it, its own plans already stop
     # at a trained exit, and a probe there would measure the two mixed.

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from headbudget.commands.common import budget_arg, positive_int
+from headbudget.models.config import SCOPE_SPECS, SCOPES  # torch-free
 
 
 def _list(kind: type, name: str, check=None):  # type: ignore[no-untyped-def]
@@ -54,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--limit", type=positive_int, default=None, help="test examples to evaluate (default all)")
     p.add_argument("--latency-texts", type=int, default=200, help="test texts timed per artifact (0 = skip)")
     p.add_argument("--latency-repeats", type=positive_int, default=3)
-    p.add_argument("--scope", default="attention", choices=("attention", "model"),
+    p.add_argument("--scope", default="attention", choices=SCOPES,
                    help="what the budget spans: attention heads (the published comparison) or the whole model "
                         "(heads and feed-forward groups, against the attention-only run and small models)")
     p.add_argument("--exits", default="", metavar="D[,D...]",
@@ -81,8 +82,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise CliError(str(e)) from None
     exits = parse_exits(args.exits)
-    if exits and args.scope != "model":
-        raise CliError("--exits (layer skipping) is for --scope model")
+    if exits and not SCOPE_SPECS[args.scope].exits:
+        with_exits = " or ".join(s for s in SCOPES if SCOPE_SPECS[s].exits)
+        raise CliError(f"--exits (layer skipping) is for --scope {with_exits}")
     if args.out.exists() and not args.out.is_dir():
         raise CliError(f"--out {args.out} is a file; give a folder")
     load_data(args.data, synthetic_size=recipe.synthetic_size)  # fail fast, before any training, on bad data

@@ -45,8 +45,10 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -62,6 +64,7 @@ from headbudget.experiments.compare_measure import (
 from headbudget.experiments.importance import Importance, head_importance, importance_heatmap
 from headbudget.models.checkpoint import load_checkpoint, save_checkpoint
 from headbudget.models.classifier import BudgetedClassifier
+from headbudget.models.config import SCOPE_SPECS, SCOPES, Scope, ScopeSpec
 from headbudget.models.tokenizer import TextEncoder, copy_tokenizer
 from headbudget.training.batches import TokenizedSplit, tokenize
 from headbudget.training.data import DataSet, load_data
@@ -77,6 +80,11 @@ METHODS = ("dense", "budgeted", "soft-only", "posthoc", "posthoc-structural", "p
 # Whole-model scope: the dedicated small models a user would train instead (one artifact, one point, b = 1).
 SMALL = ("layerdrop", "ffn-half")
 MODEL_METHODS = ("dense", "budgeted", "soft-only", "attention-only", "posthoc-model", *SMALL)
+
+# The budgeted run's folder per scope: runs/<name>-s<seed>-<hash>. A budget that spans the feed-forward groups
+# (ScopeSpec.gates_ffn) is compared against the attention-scope run of the same seed (attention-only) and
+# dedicated small models, and every method is placed by its measured latency rather than by budget.
+RUN_NAMES: Mapping[Scope, str] = MappingProxyType({"attention": "budgeted", "model": "budgeted-model"})
 
 
 @dataclass(frozen=True)
@@ -100,18 +108,24 @@ class CompareConfig:
     # What the budget spans: "attention" (the published comparison) or "model" (heads and feed-forward groups,
     # against the attention-only run and dedicated small models, placed by latency).
     # Only "model" enters the cache hashes (through the run identity), so attention caches keep theirs.
-    scope: str = "attention"
+    scope: Scope = "attention"
     latency_engine: str = "onnxruntime fp32, 1 thread, batch 1"  # what the injected latency probe runs
     exits: tuple[int, ...] = ()  # the whole-model run's exits (layer skipping); never the attention-only run's
 
     def __post_init__(self) -> None:
-        if self.scope not in ("attention", "model"):
-            raise ValueError(f"unknown scope {self.scope!r}; attention or model")
+        if self.scope not in SCOPE_SPECS:
+            raise ValueError(f"unknown scope {self.scope!r}; {' or '.join(SCOPES)}")
 
-    def run_config(self, seed: int, scope: str | None = None) -> RunConfig:
+    @property
+    def spec(self) -> ScopeSpec:
+        """What the comparison's budget spans (``SCOPE_SPECS``)."""
+        return SCOPE_SPECS[self.scope]
+
+    def run_config(self, seed: int, scope: Scope | None = None) -> RunConfig:
+        run_scope = scope or self.scope
         return RunConfig(base=self.base, data=self.data, recipe=self.recipe, seed=seed,
                          text_column=self.text_column, label_column=self.label_column, device=self.device,
-                         scope=scope or self.scope, exits=self.exits if (scope or self.scope) == "model" else ())
+                         scope=run_scope, exits=self.exits if SCOPE_SPECS[run_scope].exits else ())
 
 
 def config_hash(identity: dict[str, Any]) -> str:
@@ -140,14 +154,14 @@ def _done(folder: Path) -> bool:
     return (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
 
 
-def ensure_budgeted(cfg: CompareConfig, seed: int, out: Path, scope: str | None = None) -> tuple[Path, bool]:
+def ensure_budgeted(cfg: CompareConfig, seed: int, out: Path, scope: Scope | None = None) -> tuple[Path, bool]:
     """The budgeted run of ``seed`` (trained or resumed unless already complete); returns (folder, trained).
 
     ``scope`` (default the comparison's): the attention-scope run is ``budgeted-s<seed>-*`` whatever the
     comparison's scope, so a model-scope comparison reuses an attention comparison's runs in the same folder.
     """
     run = cfg.run_config(seed, scope)
-    name = "budgeted" if run.scope == "attention" else f"budgeted-{run.scope}"
+    name = RUN_NAMES[run.scope]
     folder = out / "runs" / f"{name}-s{seed}-{config_hash(run.identity())}"
     if _done(folder) and all((folder / "stages" / s / "done.json").is_file() for s in ("dense", "budget", "hard")):
         log.info("%s s%d: cached (%s)", name, seed, folder)
@@ -170,7 +184,7 @@ def prepare_seed(cfg: CompareConfig, seed: int, out: Path) -> SeedContext:
                       tokenize(ds.validation.take(recipe.val_examples), encoder),
                       tokenize(ds.test.take(cfg.test_limit), encoder), dense, None,  # type: ignore[arg-type]
                       [f"budgeted-s{seed}"] if trained else [])
-    if cfg.scope == "model":
+    if cfg.spec.gates_ffn:
         ctx.attention_dir, trained = ensure_budgeted(cfg, seed, out, scope="attention")
         ctx.trained += [f"attention-only-s{seed}"] if trained else []
     ctx.importance = ensure_importance(cfg, ctx, out)
@@ -186,7 +200,7 @@ def ensure_importance(cfg: CompareConfig, ctx: SeedContext, out: Path) -> Import
     """Head importance of the seed's dense warm start, cached as importance.json."""
     ident = {"run": ctx.run_identity, "examples": cfg.importance_examples, "ablation": cfg.ablation_examples}
     # Whole-model scope: feed-forward neurons and groups are scored too (the run identity already differs).
-    group = ctx.dense.cfg.gate.ffn_group if cfg.scope == "model" else None
+    group = ctx.dense.cfg.gate.ffn_group if cfg.spec.gates_ffn else None
     folder = out / "artifacts" / f"importance-s{ctx.seed}-{config_hash(ident)}"
     path = folder / "importance.json"
     if path.is_file():
@@ -294,12 +308,12 @@ def evaluate_artifact(folder: Path, method: str, budgets: tuple[float, ...], ctx
             cache[key] = {"accuracy": accuracy(model, ctx.test, mode, b),
                           "cost": 1.0 if method == "dense" else model.hard_cost(b),
                           "heads_per_layer": [int(x) for x in mask[:, :model.cfg.n_heads].sum(1)]}
-            if cfg.scope == "model":
+            if cfg.spec.gates_ffn:
                 g = model.cfg.gate
                 cache[key]["macs_ratio"] = macs_ratio(model, None if method == "dense" else b, ctx.dense.cfg)
                 cache[key]["neurons_per_layer"] = (
                     [int(x) * g.ffn_group for x in mask[:, model.cfg.n_heads:].sum(1)]
-                    if g.scope == "model" and method != "dense" else [model.cfg.intermediate_size] * model.cfg.n_layers)
+                    if g.scope_spec.gates_ffn and method != "dense" else [model.cfg.intermediate_size] * model.cfg.n_layers)
         result[b] = cache[key]
     cache_path.write_text(json.dumps(cache, indent=2) + "\n")
     return result
@@ -307,7 +321,7 @@ def evaluate_artifact(folder: Path, method: str, budgets: tuple[float, ...], ctx
 
 def seed_entries(cfg: CompareConfig, ctx: SeedContext, out: Path) -> list[tuple[str, float, Path]]:
     """(method, budget, artifact folder) for every evaluation of one seed, building what is missing."""
-    if cfg.scope == "model":
+    if cfg.spec.gates_ffn:
         return model_scope_entries(cfg, ctx, out)
     entries: list[tuple[str, float, Path]] = [("dense", 1.0, ensure_artifact(cfg, ctx, out, "posthoc"))]
     for method in ("budgeted", "soft-only", "posthoc", "posthoc-structural"):
@@ -362,7 +376,7 @@ def run_compare(cfg: CompareConfig, out: Path, engine_factory: EngineFactory | N
         per_seed[seed] = {"results": results, "spearman": spearman_figures(cfg, ctx, entries),
                           "dense_train_seconds": float(stages["dense"]["seconds"]),
                           "importance_ranking": ctx.importance.ranking().tolist()}
-        if cfg.scope == "model":
+        if cfg.spec.gates_ffn:
             per_seed[seed]["unit_ranking"] = ctx.importance.unit_ranking().tolist()
         n_test, dataset = len(ctx.test), ctx.ds.name
         log.info("seed %d: %d evaluations", seed, len(results))
@@ -373,7 +387,7 @@ def run_compare(cfg: CompareConfig, out: Path, engine_factory: EngineFactory | N
            "latency": {"engine": cfg.latency_engine, "texts": cfg.latency_texts,
                        "repeats": cfg.latency_repeats} if engine_factory and cfg.latency_texts else None,
            "trained_this_run": trained, "wall_seconds": time.perf_counter() - t0, **cfg.extra,
-           **({"scope": "model"} if cfg.scope == "model" else {}),
+           **({"scope": cfg.scope} if cfg.spec.gates_ffn else {}),  # the report's switch
            "per_seed": {str(k): v for k, v in per_seed.items()}}
     write_report(doc, out)
     return doc

@@ -95,7 +95,7 @@ def spearman_figures(cfg: CompareConfig, ctx: SeedContext, entries: list[tuple[s
 
     budgeted, _ = load_checkpoint(ctx.run_dir)
     # Whole-model scope: the ranking over heads and feed-forward groups against the unit importance.
-    imp = ctx.importance.units if cfg.scope == "model" else ctx.importance.gradient
+    imp = ctx.importance.units if cfg.spec.gates_ffn else ctx.importance.gradient
     out = {"budgeted_g_025_075": gate_spearman(budgeted, 0.25, 0.75),
            "budgeted_vs_importance": float(spearmanr(-crossing_logits(budgeted.gates.params()).ravel(),
                                                      imp.ravel()).statistic)}

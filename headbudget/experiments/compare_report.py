@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from headbudget.models.config import SCOPE_SPECS
+
 # Serving every budget: fine-tune jobs (the dense warm start counts as one) and deployed artifacts.
 # B = number of budgets; the budgeted run is one job for stages 2 + 3 on top of the warm start.
 # The whole-model scope adds the attention-only checkpoint, post-hoc pruning of heads and neuron
@@ -210,7 +212,7 @@ def _no_nan(x: Any) -> Any:
 def write_report(doc: dict[str, Any], out: Path) -> None:
     """Add the aggregate to ``doc`` and write the three files (the whole-model scope: placed by latency)."""
     doc.update(aggregate(doc))
-    if doc.get("scope") == "model":
+    if SCOPE_SPECS[doc.get("scope", "attention")].gates_ffn:
         from headbudget.experiments import latency_placement
 
         doc["placement"] = latency_placement.placement(doc)
