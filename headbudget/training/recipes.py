@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from types import MappingProxyType
+from typing import Any, get_args, get_type_hints
 
 HARD_TEACHERS = ("soft", "dense")
 # Fields added after runs were published: at their defaults they stay out of a run's identity, so those
@@ -137,32 +139,45 @@ def get_recipe(name: str, **overrides: Any) -> Recipe:
     return replace(get_preset(name).recipe, **overrides)
 
 
+def _parse_bool(value: str) -> bool:
+    if value.lower() not in ("true", "false", "1", "0"):
+        raise ValueError(value)
+    return value.lower() in ("true", "1")
+
+
+def _parse_floats(value: str) -> tuple[float, ...]:
+    return tuple(float(v) for v in value.split(",") if v.strip())
+
+
+# How a --set value becomes each type a Recipe field holds (an optional field also takes "none").
+_PARSERS: Mapping[object, Callable[[str], Any]] = MappingProxyType({
+    str: str, int: int, float: float, bool: _parse_bool, tuple[float, ...]: _parse_floats,
+})
+
+
+def _field_type(hint: object) -> tuple[object, bool]:
+    """A field's type without None, and whether None is allowed: ``int | None`` -> (int, True)."""
+    args = get_args(hint)
+    if type(None) not in args:
+        return hint, False
+    (inner,) = (a for a in args if a is not type(None))
+    return inner, True
+
+
 def parse_overrides(items: list[str]) -> dict[str, Any]:
     """``KEY=VALUE`` strings -> typed Recipe field overrides; unknown keys and bad values raise ValueError."""
-    types = {f.name: f.type for f in fields(Recipe)}
+    hints = get_type_hints(Recipe)
+    written = {f.name: str(f.type) for f in fields(Recipe)}  # as the class spells them, for the message
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         key = key.strip().replace("-", "_")
-        if not sep or key not in types or key == "name":
+        if not sep or key not in hints or key == "name":
             raise ValueError(f"--set {item!r}: expected KEY=VALUE with KEY one of "
-                             f"{', '.join(k for k in types if k != 'name')}")
-        kind = str(types[key])
+                             f"{', '.join(k for k in hints if k != 'name')}")
+        kind, optional = _field_type(hints[key])
         try:
-            if "tuple" in kind:
-                out[key] = tuple(float(v) for v in value.split(",") if v.strip())
-            elif "bool" in kind:
-                if value.lower() not in ("true", "false", "1", "0"):
-                    raise ValueError(value)
-                out[key] = value.lower() in ("true", "1")
-            elif value.lower() == "none" and "None" in kind:
-                out[key] = None
-            elif kind == "str":
-                out[key] = value
-            elif "int" in kind and "float" not in kind:
-                out[key] = int(value)
-            else:
-                out[key] = float(value)
+            out[key] = None if optional and value.lower() == "none" else _PARSERS[kind](value)
         except ValueError:
-            raise ValueError(f"--set {item!r}: {value!r} is not a valid {kind}") from None
+            raise ValueError(f"--set {item!r}: {value!r} is not a valid {written[key]}") from None
     return out
