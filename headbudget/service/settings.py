@@ -426,4 +426,3 @@ def serve_env() -> ServeEnv:
     except ValidationError as e:
         lines = [f"{ENV_PREFIX}{str(err['loc'][0]).upper()}: {err['msg']}" for err in e.errors()]
         raise ConfigError("; ".join(lines)) from None
-
