@@ -7,6 +7,9 @@ import os
 from pathlib import Path
 
 from headbudget.commands.common import existing_dir, positive_int
+from headbudget.engine.names import DeciderKind
+
+BOTH = "both"  # --kind: calibrate every kind, compare them on the test split and keep the better
 
 
 def _targets(text: str) -> tuple[float, ...]:
@@ -24,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--model", required=True, type=existing_dir, help="budgeted checkpoint folder (decider.json "
                                                                        "is written into it)")
     p.add_argument("--data", required=True, help="the checkpoint's data: synthetic, a folder, or a data set name")
-    p.add_argument("--kind", choices=("cascade", "predictor", "both"), default=None,
+    p.add_argument("--kind", choices=(*DeciderKind, BOTH), default=None,
                    help="cascade (confidence of a cheap first pass), predictor (learned from the input's pooled "
                         "embeddings), or both: compare them on the test split at equal measured latency and keep "
                         "the better (default: the engine's DEFAULT_KIND)")
@@ -51,11 +54,12 @@ def run(args: argparse.Namespace) -> int:
 
     from headbudget.commands.common import CliError
     from headbudget.engine.artifacts import checkpoint_config
-    from headbudget.engine.decider import DECIDER_FILE, DEFAULT_KIND, save_decider
+    from headbudget.engine.decider import DECIDER_FILE, KINDS, save_decider
+    from headbudget.engine.names import DEFAULT_KIND
+    from headbudget.experiments.auto_report import auto_report, measurement_engine, print_report, winner
+    from headbudget.experiments.report import checkpoint_split
     from headbudget.models.model_types import model_type
-    from headbudget.training.auto_report import auto_report, measurement_engine, print_report, winner
     from headbudget.training.decider import TARGETS, collect, fit
-    from headbudget.training.report import checkpoint_split
 
     config, cfg = checkpoint_config(args.model)
     if not model_type(cfg.model_type).static_plans:
@@ -69,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"calibrating on {len(val)} validation texts of {ds.name}: every grid budget through the "
           f"{args.precision} engine")
     passes = collect(calibration, val)
-    kinds = ("cascade", "predictor") if args.kind == "both" else (args.kind or DEFAULT_KIND,)
+    kinds = KINDS if args.kind == BOTH else (DeciderKind(args.kind or DEFAULT_KIND),)
     targets = args.targets or TARGETS
     made = {}
     for kind in kinds:
@@ -84,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
                                       args.test_limit)
         timing = calibration if args.threads == 1 else measurement_engine(args.model, args.precision)
         doc = auto_report(timing, test, list(made.items()), ds.name, "test", args.latency_examples, args.repeats)
-        keep = winner(doc)
+        keep = DeciderKind(winner(doc))
         for d in doc["deciders"]:
             d["kept"] = d["name"] == keep
         out = args.out or args.model

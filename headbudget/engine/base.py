@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from headbudget.engine import passes
-from headbudget.engine.decider import passes_cost, pooled_features, run_auto
+from headbudget.engine.decider import PredictorPoint, passes_cost, pooled_features, run_auto
 from headbudget.engine.errors import BudgetError, InputError, ModelLoadError
 from headbudget.engine.meter import TokenMeter
 from headbudget.engine.types import (
@@ -200,8 +200,9 @@ class EngineBase:
             return self.pass_cost(budget, n).total_macs
 
         t0 = time.perf_counter()
-        features = self.features(enc.ids) if decider.kind == "predictor" else None
-        runs = run_auto(decider, decider.point(request.target), c, lengths, run_pass, pass_macs, features)
+        point = decider.point(request.target)
+        features = self.features(enc.ids) if isinstance(point, PredictorPoint) else None
+        runs = run_auto(decider, point, c, lengths, run_pass, pass_macs, features)
         latency = time.perf_counter() - t0
         labels, preds = self.cfg.labels, []
         for i, run in enumerate(runs):

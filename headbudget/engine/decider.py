@@ -1,28 +1,10 @@
-"""``budget=auto`` on a budgeted checkpoint: a decider, saved beside the weights, picks each text's budget.
+"""``budget=auto`` on a budgeted checkpoint: a decider, saved beside the weights as ``decider.json``, picks each
+text's budget.
 
-A budgeted checkpoint is nested (every budget's plan is a prefix of the next), so it already holds every budget;
-what ``auto`` adds is a cheap choice per text of which one to run. ``decider.json`` (made after training by
-``headbudget decider``, training/decider.py) holds one of two kinds, each with operating points calibrated on the
-validation split (the ``target`` mean cost each aims at, what it reached there):
-
-- ``cascade``: run the cheap stage ``stages[0]``; a text whose answer's max softmax probability is below
-  ``thresholds[i]`` escalates to ``stages[i + 1]`` (a full pass: a nested plan does not reuse the cheap pass's
-  hidden states). Every pass counts in the text's cost.
-- ``predictor``: a multinomial logistic regression over cheap features (the mean of the embedding layer's output
-  and the log of the length, no encoder layer run) predicts the smallest grid budget at which the checkpoint's
-  answer is still right; a text runs once, at the smallest level whose cumulative probability reaches ``tau``.
-
-Which kind is kept: ``headbudget decider --kind both`` compares them on the test split at equal *measured* mean
-latency (batch 1) and saves the better one; ``DEFAULT_KIND`` is the one that won where we measured.
-
-A ceiling (the tier's max_budget, or the request's ``max_budget``) bounds every text: the sum of the multiply-adds
-of its passes never exceeds one pass at the ceiling, at its own length. A cascade whose escalation stage does not
-fit escalates to the highest budget that still fits (grid budgets up to the ceiling, and the ceiling itself), or
-not at all; a first stage above the ceiling runs at the ceiling, once. A predicted level above the ceiling runs at
-the ceiling. What the decider itself computes is left out of the cost, like the embedding lookup and LayerNorms
-that models/plan.py leaves out: a max over C probabilities (cascade), or F x K multiply-adds on features the
-embedding layer gives (predictor: 385 x 19 ~ 7k on MiniLM, 0.003% of a dense pass at 43 tokens). Measured
-latency includes both.
+Two kinds (docs/method.md, '8. `budget=auto`'), each with operating points calibrated on the validation split by
+training/decider.py: a cascade escalates a text from a cheap pass while its answer's confidence is below a
+threshold; a predictor picks one level per text from features of the embedding layer. A ceiling bounds every text:
+the multiply-adds of its passes never exceed one pass at the ceiling, at its own length.
 
 Torch-free (numpy only): the ONNX Runtime serving process loads it.
 """
@@ -35,10 +17,12 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
+from headbudget.engine.names import DEFAULT_KIND as DEFAULT_KIND  # re-exported: the decider's own names
+from headbudget.engine.names import DeciderKind as DeciderKind
 from headbudget.models.budget import BUDGET_GRID
 from headbudget.models.plan import Cost
 
@@ -46,22 +30,7 @@ log = logging.getLogger(__name__)
 
 DECIDER_FILE = "decider.json"
 FORMAT = 1
-DeciderKind = Literal["cascade", "predictor"]
-KINDS: tuple[DeciderKind, ...] = ("cascade", "predictor")
-# The kind `headbudget decider` makes unless told otherwise (`--kind both` measures both on the checkpoint at hand
-# and keeps the winner). The cascade, because it won where it could be measured: on the AG News quick whole-model
-# checkpoint (MiniLM, ONNX Runtime fp32, one thread), both calibrated on 500 validation texts, accuracy on 1000
-# test texts, latency at batch 1 on 100 of them x 2 repeats, against the fixed budgets at equal measured mean
-# latency: the cascade's points at mean cost 0.145 / 0.24 / 0.31 / 0.46 were -0.3 / +0.5 / +0.6 / -0.5 points
-# (mean +0.06), and the fixed budgets needed 1.5x / 1.2x its latency to reach its accuracy at 0.24 / 0.31; the
-# predictor's at 0.145 / 0.19 / 0.32 / 0.44 / 0.54 were -1.2 / -0.5 / +0.1 / +0.0 / -0.2 (mean -0.37). The
-# differences are within about one standard error (1000 texts): a lead, not a proof, on a checkpoint whose
-# accuracy is flat from b = 0.25 up. Why the cascade leads: whether a text is hard shows in the model's own
-# confidence after a cheap pass; the mean of its input embeddings (all the predictor sees) says little (84% of
-# the texts it was fitted on had the smallest budget as their label, right from b = 0.1 up or wrong even at 1.0,
-# and it learned mostly that). The smoke checkpoints (tiny base) cannot decide: every
-# budget runs in ~0.1 ms there, so the decider's own overhead is all that latency measures.
-DEFAULT_KIND: DeciderKind = "cascade"
+KINDS: tuple[DeciderKind, ...] = tuple(DeciderKind)
 
 
 class DeciderError(ValueError):
@@ -69,23 +38,59 @@ class DeciderError(ValueError):
 
 
 @dataclass(frozen=True)
-class OperatingPoint:
-    """One calibrated setting of a decider: what it aims at and reached on the calibration split."""
+class Calibrated:
+    """What an operating point aims at and reached on the calibration split (either kind)."""
 
     target: float  # the mean cost (whole-forward share, all passes) it was calibrated not to exceed
     mean_cost: float  # its mean cost on the calibration split
     accuracy: float  # its accuracy there
-    stages: tuple[float, ...] = ()  # cascade: the budgets, cheapest first
-    thresholds: tuple[float, ...] = ()  # cascade: escalate from stages[i] when the max probability is below [i]
-    tau: float = 0.0  # predictor: run the smallest level whose cumulative probability is >= tau
+
+    def _reached(self) -> dict[str, Any]:
+        return {"target": self.target, "mean_cost": self.mean_cost, "accuracy": self.accuracy}
+
+
+@dataclass(frozen=True)
+class CascadePoint(Calibrated):
+    """A cascade's setting: run ``stages[0]``, escalate from ``stages[i]`` when the max probability is below
+    ``thresholds[i]``."""
+
+    stages: tuple[float, ...] = ()  # the budgets, cheapest first
+    thresholds: tuple[float, ...] = ()  # one fewer than the stages
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"target": self.target, "mean_cost": self.mean_cost, "accuracy": self.accuracy}
-        if self.stages:
-            d.update(stages=list(self.stages), thresholds=list(self.thresholds))
-        else:
-            d["tau"] = self.tau
-        return d
+        return {**self._reached(), "stages": list(self.stages), "thresholds": list(self.thresholds)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CascadePoint:
+        stages = tuple(float(b) for b in d.get("stages", ()))
+        thresholds = tuple(float(t) for t in d.get("thresholds", ()))
+        if not stages or len(thresholds) != len(stages) - 1:
+            raise DeciderError("a cascade point needs stages and one threshold fewer")
+        if list(stages) != sorted(set(stages)) or not all(0.0 < b <= 1.0 for b in stages):
+            raise DeciderError(f"cascade stages must be increasing budgets in (0, 1], got {stages}")
+        return cls(float(d["target"]), float(d["mean_cost"]), float(d["accuracy"]), stages, thresholds)
+
+
+@dataclass(frozen=True)
+class PredictorPoint(Calibrated):
+    """A predictor's setting: run the smallest level whose cumulative probability is >= ``tau``."""
+
+    tau: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self._reached(), "tau": self.tau}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PredictorPoint:
+        tau = float(d.get("tau", 0.0))
+        if not 0.0 <= tau <= 1.0:
+            raise DeciderError(f"tau must be in [0, 1], got {tau}")
+        return cls(float(d["target"]), float(d["mean_cost"]), float(d["accuracy"]), tau)
+
+
+Point = CascadePoint | PredictorPoint
+_POINTS: dict[DeciderKind, type[CascadePoint] | type[PredictorPoint]] = {
+    DeciderKind.CASCADE: CascadePoint, DeciderKind.PREDICTOR: PredictorPoint}
 
 
 @dataclass(frozen=True, eq=False)
@@ -135,18 +140,21 @@ class Decider:
     """A calibrated decider for one checkpoint (``checksum``): its kind, operating points and the default one."""
 
     kind: DeciderKind
-    points: tuple[OperatingPoint, ...]
+    points: tuple[Point, ...]  # all of the kind's point type
     default: int  # index of the point `auto` alone runs at
     checksum: str  # sha256 of the model.safetensors it was calibrated on
     labels: tuple[str, ...]
-    predictor: Predictor | None = None
+    predictor: Predictor | None = None  # the predictor kind's regression
     meta: dict[str, Any] = field(default_factory=dict)  # how it was made (data, split, sizes), for people
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", DeciderKind(self.kind))  # a kind given by its name in the file
+
     @property
-    def default_point(self) -> OperatingPoint:
+    def default_point(self) -> Point:
         return self.points[self.default]
 
-    def point(self, target: float | None = None) -> OperatingPoint:
+    def point(self, target: float | None = None) -> Point:
         """The default point, or the one calibrated for the target nearest ``target`` (the cheaper on a tie)."""
         if target is None:
             return self.default_point
@@ -154,10 +162,11 @@ class Decider:
 
     def hot_budgets(self) -> tuple[float, ...]:
         """The budgets most auto passes run at: the default cascade point's stages (none for the predictor)."""
-        return self.default_point.stages
+        point = self.default_point
+        return point.stages if isinstance(point, CascadePoint) else ()
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"format": FORMAT, "kind": self.kind, "checksum": self.checksum,
+        d: dict[str, Any] = {"format": FORMAT, "kind": self.kind.value, "checksum": self.checksum,
                              "labels": list(self.labels), "default": self.default,
                              "points": [p.to_dict() for p in self.points], "meta": self.meta}
         if self.predictor is not None:
@@ -170,36 +179,22 @@ class Decider:
         try:
             if d.get("format") != FORMAT:
                 raise DeciderError(f"format {d.get('format')!r}, this build reads {FORMAT}")
-            kind = d["kind"]
-            if kind not in KINDS:
-                raise DeciderError(f"kind {kind!r}, expected one of {', '.join(KINDS)}")
-            points = tuple(_point(p, kind) for p in d["points"])
+            if d["kind"] not in KINDS:
+                raise DeciderError(f"kind {d['kind']!r}, expected one of {', '.join(KINDS)}")
+            kind = DeciderKind(d["kind"])
+            points = tuple(_POINTS[kind].from_dict(p) for p in d["points"])
             if not points:
                 raise DeciderError("no operating points")
             default = int(d["default"])
             if not 0 <= default < len(points):
                 raise DeciderError(f"default {default} is not one of the {len(points)} points")
-            predictor = Predictor.from_dict(d["predictor"]) if kind == "predictor" else None
+            predictor = Predictor.from_dict(d["predictor"]) if kind is DeciderKind.PREDICTOR else None
             return cls(kind, points, default, str(d["checksum"]), tuple(str(x) for x in d["labels"]), predictor,
                        dict(d.get("meta") or {}))
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, DeciderError):
                 raise
             raise DeciderError(f"malformed ({type(e).__name__}: {e})") from None
-
-
-def _point(d: dict[str, Any], kind: str) -> OperatingPoint:
-    stages = tuple(float(b) for b in d.get("stages", ()))
-    thresholds = tuple(float(t) for t in d.get("thresholds", ()))
-    if kind == "cascade":
-        if not stages or len(thresholds) != len(stages) - 1:
-            raise DeciderError("a cascade point needs stages and one threshold fewer")
-        if list(stages) != sorted(set(stages)) or not all(0.0 < b <= 1.0 for b in stages):
-            raise DeciderError(f"cascade stages must be increasing budgets in (0, 1], got {stages}")
-    tau = float(d.get("tau", 0.0))
-    if kind == "predictor" and not 0.0 <= tau <= 1.0:
-        raise DeciderError(f"tau must be in [0, 1], got {tau}")
-    return OperatingPoint(float(d["target"]), float(d["mean_cost"]), float(d["accuracy"]), stages, thresholds, tau)
 
 
 def save_decider(decider: Decider, folder: Path) -> Path:
@@ -251,12 +246,12 @@ def max_prob(logits: np.ndarray) -> float:
     return float(e.max() / e.sum())
 
 
-def run_auto(decider: Decider, point: OperatingPoint, ceiling: float, lengths: Sequence[int], run_pass: RunPass,
+def run_auto(decider: Decider, point: Point, ceiling: float, lengths: Sequence[int], run_pass: RunPass,
              pass_macs: PassMacs, features: np.ndarray | None = None) -> list[TextRun]:
     """Every text's passes under ``point`` within ``ceiling``; texts that run the same budget in a round share
-    one ``run_pass`` call (a batch pads to its own longest text)."""
+    one ``run_pass`` call (a batch pads to its own longest text). ``features``: the predictor's, for its points."""
     runs = [TextRun() for _ in lengths]
-    if decider.kind == "predictor":
+    if isinstance(point, PredictorPoint):
         assert decider.predictor is not None and features is not None
         chosen = decider.predictor.choose(features, point.tau)
         _run_round({i: min(float(b), ceiling) for i, b in enumerate(chosen)}, runs, run_pass)
@@ -312,3 +307,12 @@ def passes_cost(costs: Sequence[Cost]) -> Cost:
 def pooled_features(embedded: np.ndarray, n_tokens: int) -> np.ndarray:
     """The predictor's features for one text: the mean of its embedding-layer output (N, D) and log(length)."""
     return np.concatenate([embedded.mean(axis=0), [math.log(n_tokens)]]).astype(np.float64)
+
+
+def OperatingPoint(target: float, mean_cost: float, accuracy: float, stages: tuple[float, ...] = (),  # noqa: N802
+                   thresholds: tuple[float, ...] = (), tau: float = 0.0) -> Point:
+    """A point of either kind from one signature (a cascade point where ``stages`` is given); new code builds
+    ``CascadePoint`` or ``PredictorPoint``."""
+    if stages:
+        return CascadePoint(target, mean_cost, accuracy, stages, thresholds)
+    return PredictorPoint(target, mean_cost, accuracy, tau)

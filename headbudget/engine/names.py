@@ -3,6 +3,7 @@ its parser from them."""
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Literal
 
 Backend = Literal["onnxruntime", "torch"]
@@ -10,3 +11,15 @@ Precision = Literal["fp32", "int8"]
 # What `headbudget serve` and `headbudget bench` run unless told: the int8 engine, faster than fp32 at its
 # accuracy within quantization noise (docs/results.md). serve falls back to fp32 where there is no int8 engine.
 DEFAULT_PRECISION: Precision = "int8"
+
+
+class DeciderKind(StrEnum):
+    """The two kinds of ``budget=auto`` decider (engine/decider.py); the value is ``kind`` in decider.json."""
+
+    CASCADE = "cascade"  # a cheap pass first, a larger one for the texts it is unsure of
+    PREDICTOR = "predictor"  # one pass per text, at a level predicted from its embeddings
+
+
+# What `headbudget decider` makes unless told otherwise: the kind that won the comparison on every checkpoint
+# measured (docs/results.md, 'Findings and decisions').
+DEFAULT_KIND = DeciderKind.CASCADE

@@ -23,13 +23,21 @@ most accurate.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from headbudget.engine.base import EngineBase
-from headbudget.engine.decider import DEFAULT_KIND, Decider, DeciderKind, OperatingPoint, Predictor
+from headbudget.engine.decider import (
+    DEFAULT_KIND,
+    CascadePoint,
+    Decider,
+    DeciderKind,
+    Point,
+    Predictor,
+    PredictorPoint,
+)
 from headbudget.models.budget import BUDGET_GRID
 from headbudget.training.data import Split
 
@@ -113,7 +121,7 @@ class Candidates:
 
     cost: np.ndarray  # (M,)
     accuracy: np.ndarray  # (M,)
-    settings: list[OperatingPoint]  # target/mean_cost/accuracy filled in on choice
+    settings: Sequence[Point]  # target/mean_cost/accuracy filled in on choice
 
     def best(self, budget: float) -> int | None:
         """The most accurate candidate within mean cost ``budget`` (the cheaper on a tie), or None."""
@@ -136,7 +144,7 @@ def cascade_candidates(p: Passes, cap_only: bool = False) -> Candidates:
     for k, b in enumerate(p.budgets):  # one stage: a fixed budget
         costs.append(p.costs[k].mean())
         accs.append(right[k].mean())
-        settings.append(OperatingPoint(0.0, 0.0, 0.0, stages=(b,)))
+        settings.append(CascadePoint(0.0, 0.0, 0.0, stages=(b,)))
     for lo in range(top):
         # Thresholds halfway between quantiles of the cheap pass's confidence (never on a text's own value, so
         # that the last bit of a pass computed in another batch cannot flip a decision), and 1+: all escalate.
@@ -152,27 +160,26 @@ def cascade_candidates(p: Passes, cap_only: bool = False) -> Candidates:
             ok = np.where(esc, right[eff, cols][None, :], right[lo][None, :])
             costs.extend(cost.mean(axis=1).tolist())
             accs.extend(ok.mean(axis=1).tolist())
-            settings.extend(OperatingPoint(0.0, 0.0, 0.0, stages=(p.budgets[lo], p.budgets[hi]),
-                                           thresholds=(float(t),)) for t in ts)
+            settings.extend(CascadePoint(0.0, 0.0, 0.0, stages=(p.budgets[lo], p.budgets[hi]),
+                                         thresholds=(float(t),)) for t in ts)
     return Candidates(np.asarray(costs), np.asarray(accs), settings)
 
 
-def _points(cands: Candidates, p: Passes, targets: Sequence[float]) -> list[OperatingPoint]:
+def _points(cands: Candidates, p: Passes, targets: Sequence[float]) -> list[Point]:
     """The best candidate per target; a target whose best is an earlier target's setting adds no point."""
-    points: list[OperatingPoint] = []
+    points: list[Point] = []
     for t in sorted(targets):
         i = cands.best(p.target_cost(t))
         if i is None:
             continue
-        s = cands.settings[i]
-        if any((q.stages, q.thresholds, q.tau) == (s.stages, s.thresholds, s.tau) for q in points):
+        s = cands.settings[i]  # its target, cost and accuracy are 0: equal to a point's setting alone
+        if any(replace(q, target=0.0, mean_cost=0.0, accuracy=0.0) == s for q in points):
             continue
-        points.append(OperatingPoint(float(t), float(cands.cost[i]), float(cands.accuracy[i]), s.stages,
-                                     s.thresholds, s.tau))
+        points.append(replace(s, target=float(t), mean_cost=float(cands.cost[i]), accuracy=float(cands.accuracy[i])))
     return points
 
 
-def _default(points: Sequence[OperatingPoint], full_accuracy: float, tolerance: float,
+def _default(points: Sequence[Point], full_accuracy: float, tolerance: float,
              default_target: float | None) -> int:
     if default_target is not None:
         return min(range(len(points)), key=lambda i: (abs(points[i].target - default_target), points[i].target))
@@ -193,7 +200,7 @@ def fit_cascade(p: Passes, checksum: str, labels: Sequence[str], targets: Sequen
                 for pt in points if (i := cap.best(p.target_cost(pt.target))) is not None}
     full = float(p.correct[-1].mean())
     meta = {"n_calibration": len(p), "accuracy_at_1.0": full, "cap_only": cap_only}
-    return Decider("cascade", tuple(points), _default(points, full, tolerance, default_target), checksum,
+    return Decider(DeciderKind.CASCADE, tuple(points), _default(points, full, tolerance, default_target), checksum,
                    tuple(labels), meta=meta)
 
 
@@ -255,25 +262,25 @@ def fit_predictor(p: Passes, checksum: str, labels: Sequence[str], targets: Sequ
         cols = np.arange(len(cal))
         costs.append(cal.costs[level, cols].mean())
         accs.append(right[level, cols].mean())
-        settings.append(OperatingPoint(0.0, 0.0, 0.0, tau=float(tau)))
+        settings.append(PredictorPoint(0.0, 0.0, 0.0, tau=float(tau)))
     points = _points(Candidates(np.asarray(costs), np.asarray(accs), settings), cal, targets)
     if not points:
         raise ValueError(f"no predictor threshold fits any of the targets {list(targets)}")
     full = float(right[-1].mean())
     meta = {"n_fit": len(fit), "n_calibration": len(cal), "l2": l2, "heldout_nll": nll, "accuracy_at_1.0": full,
             "label_histogram": np.bincount(y_fit, minlength=k).tolist()}
-    return Decider("predictor", tuple(points), _default(points, full, tolerance, default_target), checksum,
+    return Decider(DeciderKind.PREDICTOR, tuple(points), _default(points, full, tolerance, default_target), checksum,
                    tuple(labels), predictor=pred, meta=meta)
 
 
-def simulate(decider: Decider, point: OperatingPoint, p: Passes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def simulate(decider: Decider, point: Point, p: Passes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """What ``Engine.run(texts, Auto(1.0, point.target))`` does on ``p``'s texts, from its cached answers (the same
     rules as engine/decider.py ``run_auto``): per text (cost, right, passes)."""
     index = {b: k for k, b in enumerate(p.budgets)}
     right, conf = p.correct, p.confidence
     top = len(p.budgets) - 1
     cost, ok, n_passes = np.zeros(len(p)), np.zeros(len(p), dtype=bool), np.zeros(len(p), dtype=np.int64)
-    if decider.kind == "predictor":
+    if isinstance(point, PredictorPoint):
         assert decider.predictor is not None
         level = np.asarray([index[float(b)] for b in decider.predictor.choose(p.features, point.tau)])
         cols = np.arange(len(p))
@@ -295,11 +302,14 @@ def simulate(decider: Decider, point: OperatingPoint, p: Passes) -> tuple[np.nda
     return cost, ok, n_passes
 
 
+Fit = Callable[[Passes, str, Sequence[str], Sequence[float], float, float | None], Decider]
+_FIT: dict[DeciderKind, Fit] = {DeciderKind.CASCADE: fit_cascade, DeciderKind.PREDICTOR: fit_predictor}
+
+
 def fit(kind: DeciderKind, p: Passes, checksum: str, labels: Sequence[str], targets: Sequence[float] = TARGETS,
         tolerance: float = TOLERANCE, default_target: float | None = None) -> Decider:
     """A decider of ``kind`` calibrated on ``p``."""
-    make = fit_cascade if kind == "cascade" else fit_predictor
-    return make(p, checksum, labels, targets, tolerance, default_target)
+    return _FIT[DeciderKind(kind)](p, checksum, labels, targets, tolerance, default_target)
 
 
 __all__ = ["DEFAULT_KIND", "TARGETS", "Passes", "collect", "fit", "fit_cascade", "fit_predictor", "simulate",

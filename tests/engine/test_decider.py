@@ -17,9 +17,11 @@ from hypothesis import strategies as st
 from headbudget.engine.base import EngineBase
 from headbudget.engine.decider import (
     DECIDER_FILE,
+    CascadePoint,
     Decider,
-    OperatingPoint,
+    DeciderKind,
     Predictor,
+    PredictorPoint,
     ceiling_levels,
     max_prob,
     read_decider,
@@ -36,8 +38,8 @@ TEXTS = [" ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(1 + (i * 5)
 
 def cascade(checksum: str, stages: tuple[float, ...] = (0.25, 1.0), thresholds: tuple[float, ...] = (0.9,),
             labels: tuple[str, ...] = ("negative", "positive")) -> Decider:
-    point = OperatingPoint(0.5, 0.5, 0.9, stages=stages, thresholds=thresholds)
-    return Decider("cascade", (point,), 0, checksum, labels)
+    point = CascadePoint(0.5, 0.5, 0.9, stages=stages, thresholds=thresholds)
+    return Decider(DeciderKind.CASCADE, (point,), 0, checksum, labels)
 
 
 def predictor(checksum: str, n_features: int, levels: tuple[float, ...] = BUDGET_GRID, seed: int = 0,
@@ -48,7 +50,7 @@ def predictor(checksum: str, n_features: int, levels: tuple[float, ...] = BUDGET
     scale = features.std(axis=0) + 1e-3 if features is not None else np.ones(n_features)
     pred = Predictor(levels, mean, scale,
                      rng.normal(size=(n_features, len(levels))) * 3.0, rng.normal(size=len(levels)))
-    return Decider("predictor", (OperatingPoint(0.5, 0.5, 0.9, tau=tau),), 0, checksum,
+    return Decider(DeciderKind.PREDICTOR, (PredictorPoint(0.5, 0.5, 0.9, tau=tau),), 0, checksum,
                    ("negative", "positive"), predictor=pred)
 
 

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from headbudget.engine.base import EngineBase
-from headbudget.engine.decider import KINDS, Decider, OperatingPoint, read_decider
+from headbudget.engine.decider import KINDS, CascadePoint, Decider, DeciderKind, read_decider
 from headbudget.engine.factory import load_engine
 from headbudget.engine.types import Auto, EngineOptions
+from headbudget.experiments.auto_report import accuracy_at, frontier, latency_at
 from headbudget.models.budget import BUDGET_GRID
-from headbudget.training.auto_report import accuracy_at, frontier, latency_at
 from headbudget.training.data import load_data
 from headbudget.training.decider import Passes, collect, fit_cascade, simulate, smallest_right
 from tests.conftest import run_cli
@@ -87,10 +87,10 @@ def test_the_calibration_sees_what_the_engine_does(decided: tuple[Path, Path]) -
             np.testing.assert_allclose([p.cost.ratio for p in served], cost, rtol=1e-9)
 
 
-def _fitted(kind: str, passes: Passes, engine: EngineBase) -> Decider:
+def _fitted(kind: DeciderKind, passes: Passes, engine: EngineBase) -> Decider:
     from headbudget.training.decider import fit
 
-    return fit(kind, passes, engine.info.checksum, engine.cfg.labels)  # type: ignore[arg-type]
+    return fit(kind, passes, engine.info.checksum, engine.cfg.labels)
 
 
 def test_eval_reports_auto_beside_the_fixed_budgets(decided: tuple[Path, Path], tmp_path: Path) -> None:
@@ -187,8 +187,8 @@ def test_a_cascade_point_never_assumes_more_than_the_ceiling_allows() -> None:
     correct = np.zeros((k, n), dtype=bool)
     correct[-1] = True  # only the whole budget is right
     p = _passes(correct, np.full((k, n), 0.6))
-    point = OperatingPoint(0.5, 0.0, 0.0, stages=(0.3, 1.0), thresholds=(0.9,))
-    decider = Decider("cascade", (point,), 0, "0" * 64, ("a", "b"))
+    point = CascadePoint(0.5, 0.0, 0.0, stages=(0.3, 1.0), thresholds=(0.9,))
+    decider = Decider(DeciderKind.CASCADE, (point,), 0, "0" * 64, ("a", "b"))
     cost, right, n_passes = simulate(decider, point, p)
     assert np.allclose(cost, 0.3 + 0.7) and not right.any() and (n_passes == 2).all()
 
