@@ -121,6 +121,54 @@ def _select_metric(model: BudgetedClassifier, val: TokenizedSplit, stage: Stage,
     return mean_accuracy(model, val, selection, recipe.val_budgets)
 
 
+def _schedule(n_train: int, recipe: Recipe, epochs: float) -> tuple[int, int, int]:
+    """(examples used, optimizer steps, steps between evaluations) of one stage."""
+    n = min(n_train, recipe.examples_per_stage or n_train)
+    steps_per_epoch = math.ceil(n / recipe.batch_size)
+    steps = max(1, int(round(epochs * steps_per_epoch)))
+    return n, steps, max(1, steps_per_epoch // max(1, recipe.evals_per_epoch))
+
+
+def _train_step(model: BudgetedClassifier, adaptive: AdaptiveClassifier | None, stage: Stage, recipe: Recipe,
+                batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor], b: float,
+                teacher: BudgetedClassifier | None, opt: torch.optim.Optimizer,
+                sched: torch.optim.lr_scheduler.LRScheduler, progress: float) -> torch.Tensor:
+    """One optimizer step on one batch at budget ``b``; returns the batch's loss."""
+    ids, mask, y = batch
+    if adaptive is not None:
+        out = adaptive.forward_adaptive(ids, mask, progress=progress)
+        loss = F.cross_entropy(out.logits, y) + out.aux_loss
+    else:
+        loss = _stage_loss(model, stage, recipe, ids, mask, y, b, teacher)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    return loss
+
+
+@dataclass
+class _Selection:
+    """The best validation figure of a stage so far, the weights that reached it, and every evaluation."""
+
+    best: float
+    state: dict[str, torch.Tensor]
+    history: list[dict[str, float]]
+
+    def evaluate(self, model: BudgetedClassifier, val: TokenizedSplit, stage: Stage, recipe: Recipe,
+                 loss: torch.Tensor, step: int, steps: int, adaptive: bool) -> None:
+        # An adaptive model is evaluated as served: its plain forward runs at progress 1.0 (final
+        # temperature) and eval mode adds no noise.
+        metric = _select_metric(model, val, stage, recipe)
+        eligible = not adaptive or step / steps >= ADAPT_SELECT_FROM or step == steps
+        self.history.append({"step": step, "val": metric, "loss": float(loss.item()),
+                             "violation": budget_violation(model, recipe.val_budgets)})
+        if eligible and metric > self.best:
+            self.best, self.state = metric, copy.deepcopy(model.state_dict())
+        model.train()
+
+
 def run_stage(
     model: BudgetedClassifier, stage: Stage, recipe: Recipe, train: TokenizedSplit, val: TokenizedSplit,
     seed: int, teacher: BudgetedClassifier | None = None, fixed_budget: float | None = None,
@@ -134,18 +182,14 @@ def run_stage(
     t0 = time.perf_counter()
     device = next(model.parameters()).device
     spec = STAGES[stage]
-    epochs = spec.epochs(recipe)
     adaptive = model if spec.adaptive and isinstance(model, AdaptiveClassifier) else None
     if spec.adaptive and adaptive is None:
         raise ValueError("the adapt stage needs an adaptive model type (budgetformer, span, adaattention)")
-    n = min(len(train), recipe.examples_per_stage or len(train))
-    steps_per_epoch = math.ceil(n / recipe.batch_size)
-    steps = max(1, int(round(epochs * steps_per_epoch)))
-    eval_every = max(1, steps_per_epoch // max(1, recipe.evals_per_epoch))
+    n, steps, eval_every = _schedule(len(train), recipe, spec.epochs(recipe))
     opt, sched = _optimizer(model, recipe, stage, steps)
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
-    best, best_state, history = -1.0, copy.deepcopy(model.state_dict()), []
+    selection = _Selection(-1.0, copy.deepcopy(model.state_dict()), [])
     bar = Progress(steps, stage)
     # The bar shows a budget only where the loss takes one: the dense and adapt stages draw one they never use
     # (the draw stays, so that a run's random stream, hence its result, is what it was).
@@ -154,39 +198,21 @@ def run_stage(
     model.train()
     while step < steps:
         subset = TokenizedSplit(train.ids[:n], train.labels[:n], 0)
-        for ids, mask, y in batches(subset, recipe.batch_size, device, shuffle=True, rng=rng,
-                                    bucket=recipe.length_buckets):
+        for batch in batches(subset, recipe.batch_size, device, shuffle=True, rng=rng, bucket=recipe.length_buckets):
             b = float(rng.uniform(recipe.b_min, 1.0)) if fixed_budget is None else fixed_budget
-            if adaptive is not None:
-                out = adaptive.forward_adaptive(ids, mask, progress=step / steps)
-                loss = F.cross_entropy(out.logits, y) + out.aux_loss
-            else:
-                loss = _stage_loss(model, stage, recipe, ids, mask, y, b, teacher)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
+            loss = _train_step(model, adaptive, stage, recipe, batch, b, teacher, opt, sched, step / steps)
             step += 1
             # The validation figure once there is one (the quick recipe evaluates once, at a stage's end).
             bar.update(loss=f"{loss.item():.3f}", **({"b": f"{b:.2f}"} if shows_budget else {}),
-                       **({"val": f"{best:.3f}"} if history else {}))
+                       **({"val": f"{selection.best:.3f}"} if selection.history else {}))
             if step % eval_every == 0 or step == steps:
-                # An adaptive model is evaluated as served: its plain forward runs at progress 1.0 (final
-                # temperature) and eval mode adds no noise.
-                metric = _select_metric(model, val, stage, recipe)
-                eligible = adaptive is None or step / steps >= ADAPT_SELECT_FROM or step == steps
-                history.append({"step": step, "val": metric, "loss": float(loss.item()),
-                                "violation": budget_violation(model, recipe.val_budgets)})
-                if eligible and metric > best:
-                    best, best_state = metric, copy.deepcopy(model.state_dict())
-                model.train()
+                selection.evaluate(model, val, stage, recipe, loss, step, steps, adaptive is not None)
             if step >= steps:
                 break
     bar.close()
-    model.load_state_dict(best_state)
+    model.load_state_dict(selection.state)
     model.eval()
-    return StageResult(stage, steps, best, history, time.perf_counter() - t0)
+    return StageResult(stage, steps, selection.best, selection.history, time.perf_counter() - t0)
 
 
 def _stage_loss(

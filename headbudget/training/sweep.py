@@ -9,9 +9,10 @@ import numpy as np
 import torch
 from scipy.stats import spearmanr
 
-from headbudget.models.budget import BUDGET_GRID, soft_gates
+from headbudget.models.budget import BUDGET_GRID, GateParams, soft_gates
 from headbudget.models.classifier import BudgetedClassifier
-from headbudget.models.plan import Shape, soft_cost_weights
+from headbudget.models.config import ModelConfig
+from headbudget.models.plan import BudgetPolicy, Shape, soft_cost_weights
 from headbudget.training.batches import TokenizedSplit
 from headbudget.training.evaluation import accuracy
 
@@ -34,6 +35,33 @@ def gate_spearman(model: BudgetedClassifier, b1: float = 0.25, b2: float = 0.75)
     return float(spearmanr(x, y).statistic)
 
 
+def _cost_point(cfg: ModelConfig, params: GateParams, policy: BudgetPolicy, weights: np.ndarray | None,
+                mask: np.ndarray, b: float) -> dict[str, Any]:
+    """What budget ``b`` keeps, and what it costs, soft and hard (the sweep's point before its accuracies)."""
+    gcfg = cfg.gate
+    heads = mask[:, : cfg.n_heads]
+    soft = soft_gates(params, b, gcfg.tau, gcfg.eps)
+    point: dict[str, Any] = {
+        "budget": b,
+        "soft_cost": float(soft.mean() if weights is None else (soft * weights).sum()),
+        "hard_cost": policy.hard_cost(b),
+        "heads_active": int(heads.sum()),
+        "heads_total": cfg.total_heads,
+        "heads_per_layer": heads.sum(1).astype(int).tolist(),
+    }
+    if gcfg.scope_spec.gates_ffn:
+        plan = policy.plan(b)
+        assert plan.ffn is not None
+        point.update({
+            "neurons_active": sum(plan.ffn), "neurons_total": cfg.n_layers * cfg.intermediate_size,
+            "neurons_per_layer": list(plan.ffn),
+            # The whole forward pass's share at the reference length (hard_cost leaves out the classifier).
+            "macs_fraction": plan.cost(Shape.of(cfg), gcfg.ref_length).ratio,
+            "layers_run": plan.layers_run,
+        })
+    return point
+
+
 def run_sweep(
     model: BudgetedClassifier, data: TokenizedSplit, dataset: str, split: str,
     dense_accuracy: float | None = None, budgets: tuple[float, ...] = BUDGET_GRID,
@@ -41,33 +69,12 @@ def run_sweep(
 ) -> dict[str, Any]:
     """Evaluate every budget; returns the sweep.json document."""
     cfg, gcfg = model.cfg, model.cfg.gate
-    params = model.gates.params()
-    policy, weights = model.gates.policy(), soft_cost_weights(cfg)
-    whole_model = gcfg.scope_spec.gates_ffn
+    params, policy, weights = model.gates.params(), model.gates.policy(), soft_cost_weights(cfg)
     points, masks = [], []
     for b in budgets:
         mask = policy.mask(b)  # (L, U)
         masks.append(mask)
-        heads = mask[:, : cfg.n_heads]
-        soft = soft_gates(params, b, gcfg.tau, gcfg.eps)
-        point: dict[str, Any] = {
-            "budget": b,
-            "soft_cost": float(soft.mean() if weights is None else (soft * weights).sum()),
-            "hard_cost": policy.hard_cost(b),
-            "heads_active": int(heads.sum()),
-            "heads_total": cfg.total_heads,
-            "heads_per_layer": heads.sum(1).astype(int).tolist(),
-        }
-        if whole_model:
-            plan = policy.plan(b)
-            assert plan.ffn is not None
-            point.update({
-                "neurons_active": sum(plan.ffn), "neurons_total": cfg.n_layers * cfg.intermediate_size,
-                "neurons_per_layer": list(plan.ffn),
-                # The whole forward pass's share at the reference length (hard_cost leaves out the classifier).
-                "macs_fraction": plan.cost(Shape.of(cfg), gcfg.ref_length).ratio,
-                "layers_run": plan.layers_run,
-            })
+        point = _cost_point(cfg, params, policy, weights, mask, b)
         point["accuracy_soft"] = accuracy(model, data, "soft", b)
         point["accuracy_hard"] = accuracy(model, data, "hard", b)
         for name, runner in (extra_hard or {}).items():
@@ -88,7 +95,7 @@ def run_sweep(
         "n_heads": cfg.n_heads,
         "structural": gcfg.structural,
         **({"scope": gcfg.scope, "ffn_group": gcfg.ffn_group, "ref_length": gcfg.ref_length, "exits": list(gcfg.exits)}
-           if whole_model else {}),
+           if gcfg.scope_spec.gates_ffn else {}),
         "points": points,
         "spearman_025_075": gate_spearman(model),
         "nested": masks_nested(masks),

@@ -116,13 +116,8 @@ def _check_resume(out: Path, run: RunConfig) -> None:
         path.write_text(json.dumps(run.identity(), indent=2, sort_keys=True) + "\n")
 
 
-def train(run: RunConfig, out: Path) -> Path:
-    """Train (or resume) a budgeted checkpoint into ``out``; returns the checkpoint folder."""
-    t0 = time.perf_counter()
-    recipe = run.recipe
-    ds: DataSet = load_data(run.data, run.text_column, run.label_column, seed=run.seed,
-                            synthetic_size=recipe.synthetic_size)
-    device = torch.device(run.device)
+def _run_base(run: RunConfig, ds: DataSet) -> Base:
+    """The run's gate and its base model; a gate the model type or the base refuses is a DataError."""
     if run.scope in SCOPES and run.scope not in model_type(run.model_type).scopes:
         raise DataError(f"--scope {run.scope} is for the budgeted model type, not {run.model_type}")
     try:
@@ -130,55 +125,66 @@ def train(run: RunConfig, out: Path) -> Path:
     except ValueError as e:
         raise DataError(str(e)) from None
     try:
-        base = build_base(run.base, ds.labels, gate, run.seed, recipe.max_length)
+        return build_base(run.base, ds.labels, gate, run.seed, run.recipe.max_length)
     except ValueError as e:  # the gate does not fit the base (an exit at or above its top layer)
         raise DataError(str(e)) from None
-    # Only now: a run that cannot even start must not leave a run.json that blocks its corrected retry.
-    _check_resume(out, run)
-    log.info("base: %s", base.note)
-    model = base.model.to(device)
+
+
+def _resume_stage(stage: str, stage_dir: Path, run_gate: GateConfig,
+                  device: torch.device) -> tuple[BudgetedClassifier, dict[str, Any]]:
+    """A finished stage's checkpoint and record, read back from its folder."""
+    try:
+        loaded, _ = load_checkpoint(stage_dir)
+    except CheckpointError as e:
+        raise DataError(f"cannot resume from {stage_dir}: {e}") from e
+    model = _as_run_gate(loaded, run_gate, stage, stage_dir).to(device)
+    record = json.loads((stage_dir / "done.json").read_text())
+    log.info("stage %s: already done (val %.4f), resuming after it", stage, record["best_val"])
+    return model, record
+
+
+def _run_stages(run: RunConfig, out: Path, model: BudgetedClassifier, base: Base, train_split: TokenizedSplit,
+                val_split: TokenizedSplit) -> tuple[BudgetedClassifier, dict[str, Any]]:
+    """Every stage of the model type in turn, each resumed from its folder when done; the final model and
+    each stage's record."""
+    recipe, device = run.recipe, torch.device(run.device)
     run_gate = model.cfg.gate  # what this run's model is, whatever a copied stage folder holds
-    tok_dir = tokenizer_folder(run.base)
-    encoder = TextEncoder(tok_dir, min(recipe.max_length, model.cfg.max_position))
-    train_split, val_split = tokenize(ds.train, encoder), tokenize(ds.validation.take(recipe.val_examples), encoder)
-    log.info("data %s: %d train, %d validation, labels %s", ds.name, len(train_split), len(val_split), ds.labels)
     results: dict[str, Any] = {}
-    teacher: BudgetedClassifier | None = None
+    teacher: BudgetedClassifier | None = None  # kept for later stages that name none of their own
     for i, stage in enumerate(model_type(run.model_type).stages):
         spec = STAGES[stage]
         stage_dir = out / "stages" / stage
-        done = stage_dir / "done.json"
-        if done.is_file():
-            try:
-                loaded, _ = load_checkpoint(stage_dir)
-            except CheckpointError as e:
-                raise DataError(f"cannot resume from {stage_dir}: {e}") from e
-            model = _as_run_gate(loaded, run_gate, stage, stage_dir).to(device)
-            results[stage] = json.loads(done.read_text())
-            log.info("stage %s: already done (val %.4f), resuming after it", stage, results[stage]["best_val"])
+        if (stage_dir / "done.json").is_file():
+            model, results[stage] = _resume_stage(stage, stage_dir, run_gate, device)
+            continue
+        if spec.teacher is not None:  # distil from a frozen copy of an earlier stage's model
+            teacher, _ = load_checkpoint(out / "stages" / spec.teacher(recipe))
+            teacher = teacher.to(device).eval()
+        if spec.starts_exits and model.cfg.gate.exits:  # exits start from the classifier on top
+            model.init_exits()
+        if spec.adaptive:  # the dense warm start becomes the adaptive type here
+            model = to_model_type(model, run.model_type, seed=run.seed + i)
+        if spec.skipped_by_a_trained_head and base.head_loaded:
+            record = _skip_dense(model, base, val_split)
         else:
-            if spec.teacher is not None:  # distil from a frozen copy of an earlier stage's model
-                teacher, _ = load_checkpoint(out / "stages" / spec.teacher(recipe))
-                teacher = teacher.to(device).eval()
-            if spec.starts_exits and model.cfg.gate.exits:  # exits start from the classifier on top
-                model.init_exits()
-            if spec.adaptive:  # the dense warm start becomes the adaptive type here
-                model = to_model_type(model, run.model_type, seed=run.seed + i)
-            if spec.skipped_by_a_trained_head and base.head_loaded:
-                record = _skip_dense(model, base, val_split)
-            else:
-                record = asdict(run_stage(model, stage, recipe, train_split, val_split, seed=run.seed + i,
-                                          teacher=teacher))
-            save_checkpoint(model, stage_dir, {"stage": stage, "model_type": model.cfg.model_type})
-            results[stage] = record
-            done.write_text(json.dumps(results[stage], indent=2) + "\n")
-            log.info("stage %s: best validation %.4f in %.0f s", stage, record["best_val"], record["seconds"])
-    meta = {
+            record = asdict(run_stage(model, stage, recipe, train_split, val_split, seed=run.seed + i,
+                                      teacher=teacher))
+        save_checkpoint(model, stage_dir, {"stage": stage, "model_type": model.cfg.model_type})
+        results[stage] = record
+        (stage_dir / "done.json").write_text(json.dumps(results[stage], indent=2) + "\n")
+        log.info("stage %s: best validation %.4f in %.0f s", stage, record["best_val"], record["seconds"])
+    return model, results
+
+
+def _checkpoint_meta(run: RunConfig, out: Path, ds: DataSet, max_length: int, base: Base,
+                     results: dict[str, Any], t0: float) -> dict[str, Any]:
+    """The final checkpoint's config.json metadata: the run, its data and each stage's figures."""
+    return {
         "name": out.name,
         "model_type": run.model_type,
-        "max_length": encoder.max_length,
+        "max_length": max_length,
         "base": run.base,
-        "recipe": recipe.to_dict(),
+        "recipe": run.recipe.to_dict(),
         "seed": run.seed,
         "data": {"name": ds.name, "spec": run.data, "fingerprint": ds.fingerprint, "labels": list(ds.labels),
                  "n_train": len(ds.train), "n_validation": len(ds.validation), "n_test": len(ds.test),
@@ -190,6 +196,24 @@ def train(run: RunConfig, out: Path) -> Path:
         "train_seconds": sum(float(v["seconds"]) for v in results.values()),
         "wall_seconds_this_invocation": time.perf_counter() - t0,
     }
-    save_checkpoint(model.cpu(), out, meta)
+
+
+def train(run: RunConfig, out: Path) -> Path:
+    """Train (or resume) a budgeted checkpoint into ``out``; returns the checkpoint folder."""
+    t0 = time.perf_counter()
+    recipe = run.recipe
+    ds: DataSet = load_data(run.data, run.text_column, run.label_column, seed=run.seed,
+                            synthetic_size=recipe.synthetic_size)
+    base = _run_base(run, ds)
+    # Only now: a run that cannot even start must not leave a run.json that blocks its corrected retry.
+    _check_resume(out, run)
+    log.info("base: %s", base.note)
+    model = base.model.to(torch.device(run.device))
+    tok_dir = tokenizer_folder(run.base)
+    encoder = TextEncoder(tok_dir, min(recipe.max_length, model.cfg.max_position))
+    train_split, val_split = tokenize(ds.train, encoder), tokenize(ds.validation.take(recipe.val_examples), encoder)
+    log.info("data %s: %d train, %d validation, labels %s", ds.name, len(train_split), len(val_split), ds.labels)
+    model, results = _run_stages(run, out, model, base, train_split, val_split)
+    save_checkpoint(model.cpu(), out, _checkpoint_meta(run, out, ds, encoder.max_length, base, results, t0))
     copy_tokenizer(tok_dir, out)
     return out
