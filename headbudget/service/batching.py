@@ -4,14 +4,13 @@ One dedicated thread owns the engine (it loads, warms up, runs and closes it), t
 in service order (priority, then the keys' fair share of compute: ``planner.FairShare``), waits up to
 ``max_wait_ms`` for others that share its head mask (not at all for a request that found the model idle: batching
 must not tax an idle server), and runs them as one batch. Budgets are chosen at dispatch (see ``planner.py``).
-Running a lone request on the event loop's own thread instead saved ~0.07 ms of hand-off (paired overhead, tiny
-checkpoint, 3 rounds) but blocked the loop, so a burst reached the priority queue only after it, in arrival order;
-it was removed.
+The engine runs on its own thread, not the event loop's, so that a burst reaches the priority queue as it arrives.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -19,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 from headbudget.engine.errors import EngineError
 from headbudget.engine.protocol import Engine, Meter
-from headbudget.engine.types import Auto, BudgetRequest, LatencyTarget, ModelInfo, Tokens
+from headbudget.engine.types import Auto, BatchResult, BudgetRequest, LatencyTarget, ModelInfo, Tokens
 from headbudget.service.compute import ComputeUnit, Quote, units
 from headbudget.service.errors import Overloaded
 from headbudget.service.jobs import Job, JobResult
@@ -90,49 +89,61 @@ class Batcher:
         and batch only with each other; on one that predicts its own budget (BudgetFormer) the ceiling is a cap
         like any numeric budget and they batch with numeric jobs of the same plan.
         """
-        assert self.engine is not None and self.latency is not None and self.planner is not None
-        loop = asyncio.get_running_loop()
-        if priced is None:
-            job = Job(texts, tier, self.engine.info.resolve(request), self.latency.estimate_tokens(texts),
-                      loop.create_future(), loop, owner=owner)
-            job.charge = self._estimate_charge(job)
-        else:
-            job = Job(texts, tier, self.engine.info.resolve(request), sum(n for n, _ in priced.tokens),
-                      loop.create_future(), loop, counted=True, owner=owner, charge=priced.total,
-                      token_ids=priced.token_ids, tokenize_cpu_s=priced.tokenize_cpu_s)
+        job = self._new_job(texts, tier, request, owner, priced)
         with self._cond:
-            if self._stopping:
-                raise Overloaded("the server is shutting down", retry_after_s=1)
             pending = list(self._pending)
-            if len(pending) >= self.server.queue_size:
-                raise Overloaded("the queue is full", retry_after_s=self._drain_s(pending))
-            if sum(1 for j in pending if j.tier.name == tier.name) >= tier.max_queue:
-                raise Overloaded(f"the queue of tier {tier.name!r} is full", retry_after_s=self._drain_s(pending))
+            self._check_room(tier, pending)
             job.start_tag = self._fair.start(job)  # where it would stand in the service order
             if tier.degrades:
-                # Only work queued ahead can make a request too late to take. The running pass is not counted: a
-                # retry could not start before it ends either, and counting it let another key's long pass refuse
-                # every short request queued behind the first one (the fair order puts them ahead of the heavy
-                # key's backlog, so they wait for that pass alone).
-                ahead_s = self.planner.wait_at_floor_s(pending, job)
-                wait_s = self._running_left() + ahead_s
-                own_s = self.planner.cost_s(job, tier.floor_budget)
-                assert tier.latency_target_ms is not None
-                if ahead_s > 0 and (ahead_s + own_s) * 1000 > tier.latency_target_ms:
-                    raise Overloaded(
-                        f"even min_budget {tier.floor_budget} cannot meet tier {tier.name!r}'s latency target of "
-                        f"{tier.latency_target_ms:g} ms now", retry_after_s=wait_s)
+                self._check_in_time(job, pending)
             # Idle means no queue and no forward pass, not "no recent arrival": a client that sends its next
-            # request as soon as the answer comes (the batch-1 case) must never wait a batch window, and did
-            # with an arrival-gap rule whenever its round trip was shorter than max_wait_ms (measured: the
-            # tiny checkpoint's handler took 2.4 ms over a 0.3 ms forward pass). Under load the queue is rarely
-            # empty while the model works, so batches still form from what waited during the last pass.
+            # request as soon as its answer comes (batch 1) never waits a batch window, whatever its round trip.
             job.alone = not self._pending and not self._forwarding
             self._fair.admit(job)
             self._pending.append(job)
             self._metrics.queue_depth.set(len(self._pending))
             self._cond.notify_all()
         return job
+
+    def _new_job(self, texts: list[str], tier: TierConfig, request: BudgetRequest, owner: str,
+                 priced: Quote | None) -> Job:
+        """The request as a Job: with the tokens and charge admission priced, or with both estimated here."""
+        assert self.engine is not None and self.latency is not None
+        loop = asyncio.get_running_loop()
+        resolved = self.engine.info.resolve(request)
+        if priced is None:
+            job = Job(texts, tier, resolved, self.latency.estimate_tokens(texts), loop.create_future(), loop,
+                      owner=owner)
+            job.charge = self._estimate_charge(job)
+            return job
+        return Job(texts, tier, resolved, sum(n for n, _ in priced.tokens), loop.create_future(), loop,
+                   counted=True, owner=owner, charge=priced.total, token_ids=priced.token_ids,
+                   tokenize_cpu_s=priced.tokenize_cpu_s)
+
+    def _check_room(self, tier: TierConfig, pending: list[Job]) -> None:
+        """Overloaded when the server is stopping or the queue, or the tier's share of it, is full (under _cond)."""
+        if self._stopping:
+            raise Overloaded("the server is shutting down", retry_after_s=1)
+        if len(pending) >= self.server.queue_size:
+            raise Overloaded("the queue is full", retry_after_s=self._drain_s(pending))
+        if sum(1 for j in pending if j.tier.name == tier.name) >= tier.max_queue:
+            raise Overloaded(f"the queue of tier {tier.name!r} is full", retry_after_s=self._drain_s(pending))
+
+    def _check_in_time(self, job: Job, pending: list[Job]) -> None:
+        """Overloaded when a degrading tier's request would miss its latency target even if every request ahead
+        of it ran at its tier's min_budget (under _cond, with ``job``'s start tag set)."""
+        assert self.planner is not None
+        tier = job.tier
+        # Only work queued ahead can make a request too late to take. The running pass is not counted: a retry
+        # could not start before it ends either, and the fair order puts short requests ahead of a heavy key's
+        # backlog, so they wait for that pass alone.
+        ahead_s = self.planner.wait_at_floor_s(pending, job)
+        own_s = self.planner.cost_s(job, tier.floor_budget)
+        assert tier.latency_target_ms is not None
+        if ahead_s > 0 and (ahead_s + own_s) * 1000 > tier.latency_target_ms:
+            raise Overloaded(
+                f"even min_budget {tier.floor_budget} cannot meet tier {tier.name!r}'s latency target of "
+                f"{tier.latency_target_ms:g} ms now", retry_after_s=self._running_left() + ahead_s)
 
     def cancel(self, job: Job) -> None:
         """Drop a job whose client went away (a running batch still finishes; its answer is discarded)."""
@@ -251,30 +262,32 @@ class Batcher:
         started, cpu_started = time.monotonic(), time.thread_time()
         try:
             result = self.engine.run(texts, request, tokens)
-        except EngineError as e:
-            self._set_idle()
-            for job in batch:
-                _deliver(job, e)
-            return None
         except Exception as e:  # noqa: BLE001 - a bug must fail these requests, not the thread
             self._set_idle()
-            log.exception("engine failed on a batch")
+            if not isinstance(e, EngineError):
+                log.exception("engine failed on a batch")
             for job in batch:
                 _deliver(job, e)
             return None
         # The engine's CPU includes tokenizing the batch, which admission did for the priced requests
         wall, cpu = time.monotonic() - started, time.thread_time() - cpu_started + tokenize_cpu_s
         # Idle before the first answer leaves this thread: the event loop may hand a client its answer and take
-        # that client's next request before this thread runs again, and that request found the model "busy"
-        # and waited a whole batch window (seen in CI: 300 ms on one of four sequential requests).
+        # that client's next request before this thread runs again, and that request must find the model idle.
         self._set_idle()
-        offset = 0
-        # The batch's metrics before its answers (a few microseconds): a client that reads /metrics right after
-        # its answer must see the pass that made it (test_metrics_move_with_requests failed on that race).
+        # The batch's metrics before its answers: a client that reads /metrics right after its answer sees the
+        # pass that made it.
         own = sum(p.n_tokens * len(p.passes or (0,)) for p in result.predictions)  # a decider's auto: every pass
         self._metrics.observe_batch(budget, wall, len(texts), cpu, auto=auto,
                                     tokens=(own, max(0, result.tokens_run - own) if result.tokens_run else 0))
-        for job in batch:  # answers next: the latency model's update need not delay them (~0.1 ms, traced)
+        self._answer(batch, result, applied, wants, started, auto)
+        # The latency model learns after the answers, which need not wait for it
+        return functools.partial(_learn_latency, self.latency, texts, result, budget, wall * 1000, auto)
+
+    def _answer(self, batch: list[Job], result: BatchResult, applied: dict[int, float], wants: dict[int, float],
+                started: float, auto: bool) -> None:
+        """Hand each job its texts' predictions, and count the compute that degrading took from it."""
+        offset = 0
+        for job in batch:
             preds = result.predictions[offset:offset + len(job.texts)]
             offset += len(job.texts)
             want, mine = wants[job.seq], applied[job.seq]
@@ -286,18 +299,18 @@ class Batcher:
                 predictions=preds, budget_requested=want, budget_applied=mine,
                 heads_active=result.heads_active, heads_total=result.heads_total, latency_s=result.latency_s,
                 queue_s=started - job.enqueued, degraded=mine < want, auto=auto))
-        latency = self.latency
 
-        def bookkeeping() -> None:
-            # The engine runs a batch in passes by length, so its time follows the tokens those ran
-            ran = result.tokens_run or len(texts) * max((p.n_tokens for p in result.predictions), default=1)
-            if not auto:  # an auto batch ran several budgets: its time is no sample of one budget's latency
-                latency.observe(budget, ran, wall * 1000)
-            for text, pred in zip(texts, result.predictions, strict=True):
-                if not pred.truncated:
-                    latency.observe_text(len(text), pred.n_tokens)
 
-        return bookkeeping
+def _learn_latency(latency: LatencyModel, texts: list[str], result: BatchResult, budget: float, wall_ms: float,
+                   auto: bool) -> None:
+    """Update the latency model with a batch's time and its texts' token counts."""
+    # The engine runs a batch in passes by length, so its time follows the tokens those ran
+    ran = result.tokens_run or len(texts) * max((p.n_tokens for p in result.predictions), default=1)
+    if not auto:  # an auto batch ran several budgets: its time is no sample of one budget's latency
+        latency.observe(budget, ran, wall_ms)
+    for text, pred in zip(texts, result.predictions, strict=True):
+        if not pred.truncated:
+            latency.observe_text(len(text), pred.n_tokens)
 
 
 def _tokens(batch: Sequence[Job]) -> tuple[Tokens | None, float]:
