@@ -1,39 +1,22 @@
 """ONNX Runtime backend: head- and neuron-sliced graphs over one shared copy of the weights, one intra-op thread.
 
-A budget's plan (``BudgetPolicy.plan``, models/plan.py) says what runs: per layer the first ``heads[l]`` heads
-of the layer's head order and, for whole-model budgets (``ffn`` not None), the first ``ffn[l]`` feed-forward
-neurons of its neuron order; sessions and their cached feeds are keyed by ``plan.key``.
+A budget's plan (``BudgetPolicy.plan``, models/plan.py) says what runs: per layer the first ``heads[l]`` heads of
+the layer's head order and, for whole-model budgets, the first ``ffn[l]`` feed-forward neurons of its neuron order;
+sessions and their cached feeds are keyed by ``plan.key``.
 
-Memory: every session receives its weights through ``SessionOptions.add_initializer`` as OrtValues over
-numpy views of one weight store (a budget's heads, and neurons, are a row prefix per layer, see weights.py),
-so sessions add graph structure, not weights (int8 Q/K/V and W1 column prefixes are one copy per layer and
-width, shared). All sessions draw activations from one process-wide arena. A batch runs in passes under
-``EngineOptions.max_activation_bytes`` (engine/passes.py), and after a batch of several passes (or of one above
-``passes.KEEP_BYTES``) the arena gives its free regions back (``give_back``): it used to keep the largest pass's
-memory for good (docs/results.md, 'Memory under large requests').
+Memory: sessions receive their weights as OrtValues over numpy views of one weight store (engine/weights/), so
+they add graph structure, not weights, and draw activations from one process-wide arena, which gives its free
+regions back after a large batch (``give_back``; docs/results.md, 'Memory under large requests').
 
-Layouts (``EngineOptions.prepack``), measured on the AG News MiniLM-L6 checkpoint, one thread, len 128,
-batch 1, interleaved A/B in one process, medians of 30-150 rounds on a shared 2-core machine:
-- "dynamic" (prepack on, the default): ONE session serves every budget (one more per exit depth a plan stops
-  at). Per layer an If node picks the attention branch: at all heads, weights are initializers (prepacked
-  once); at fewer heads, the head-prefix slices are graph *inputs* (cached OrtValues over views of the store),
-  which ORT never prepacks, so no budget adds a packed copy. Feed-forward, embeddings and classifier are
-  initializers, prepacked once; with a whole-model budget each layer's feed-forward block picks its branch the
-  same way. Packed levels (``PrecisionSpec.ffn_levels``, ``attention_levels``) add branches: the largest level
-  within the plan's width runs from prepacked initializers and only the rest of its units from inputs, because
-  an unpacked product packs its weights on every call (docs/results.md, 'Every budget costs what it says').
-  Small plans (``PrecisionSpec.fed_up_to``, ``bind.runs_fed``) run a second all-budget session whose graph
-  has no If node, every block's units fed: there the branches cost more than the packing. One run call per
-  forward. fp32: b=1 18.4 ms, b=0.5 15.5, b=0.25 13.8 vs ORT dense 19.3 (a second round:
-  19.7 / 16.3 / 14.2 vs 20.0); memory 151 MB over imports for all 19 budgets vs 132 MB dense (1.14x).
-- "chain" (the previous default, removed): prepacked per-layer FFN sessions and unpacked per-(layer, heads)
-  attention sessions chained in Python, 14 run calls: b=1 20.3 ms, b=0.5 16.1 ms in the same run as the
-  numbers above (22.2 / 17.5 vs dynamic without the If branch 20.6 / 16.7 in another), 145 MB; at 40 tokens
-  11.5 ms vs 9.8 ms dynamic at b=1. Packing every (layer, heads) attention piece instead cost ~1.85x memory.
-- "whole" (prepack off): one graph per budget, nothing prepacked, ~0.9x the dense memory, but MLAS packs
-  B on every call: 10-25% slower in fp32 at 48-128 tokens, up to 50% slower in int8 at 48.
-- One whole-model graph per budget with prepacking on: every session packs its own copy of every matrix,
-  ~1 GB for 19 budgets (ORT's shared prepacked-weights container is C API only, not in the Python API).
+Layouts (``Layout``, chosen by ``EngineOptions.prepack``):
+- ``dynamic``: one all-budget session (one more per exit depth a plan stops at). Per layer an If node picks the
+  branch: at full width the weights are prepacked initializers; at fewer units the prefix slices are graph
+  inputs, which ONNX Runtime never prepacks, so no budget adds a packed copy. Packed levels
+  (``PrecisionSpec.ffn_levels``, ``attention_levels``) run their largest level within the plan from prepacked
+  weights; small plans (``PrecisionSpec.fed_up_to``) run a second session without If nodes, every block fed.
+  Budgets in ``prepacked_budgets`` (and a decider's hot budgets) get a prepacked session of their own.
+- ``whole``: one unpacked graph per plan, nothing prepacked: the least memory, slower per call.
+Their costs are in docs/results.md, 'Every budget costs what it says'.
 """
 
 from __future__ import annotations
@@ -43,6 +26,7 @@ import logging
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import replace
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +44,7 @@ from headbudget.engine.onnx.runner import Runner
 from headbudget.engine.precision import PRECISIONS
 from headbudget.engine.types import BenchRecord, EngineOptions, ExecutionPlan, ModelInfo
 from headbudget.engine.weights.pack import gate_params, load_state, pack
-from headbudget.engine.weights.store import Arrays, Embeddings
+from headbudget.engine.weights.store import Arrays, Embeddings, WeightStore
 from headbudget.models.budget import BUDGET_GRID, head_order
 from headbudget.models.plan import BudgetPolicy
 
@@ -82,10 +66,9 @@ def _shared_arena() -> None:
 
 
 def _return_large_frees() -> None:
-    """Have glibc give blocks of 1 MiB and more back to the system when they are freed (a fixed M_MMAP_THRESHOLD).
-    By default the threshold rises to the largest block freed, up to 32 MiB, and the arena's regions freed after a
-    large batch then stayed in the heap: up to 69 MB above idle after 64 texts of 512 tokens on MiniLM int8, 14-17
-    MB with it fixed."""
+    """Have glibc give blocks of 1 MiB and more back to the system when they are freed (a fixed M_MMAP_THRESHOLD):
+    by default the threshold rises to the largest block freed, and the arena's regions freed after a large batch
+    stay in the heap (docs/results.md, 'Memory under large requests')."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
@@ -93,59 +76,73 @@ def _return_large_frees() -> None:
         pass
 
 
+class Layout(StrEnum):
+    """How the sessions serve budgets (module docstring); the value is part of the graph cache's key and folder."""
+
+    DYNAMIC = "dynamic"  # one all-budget session: prepacked full-width weights, prefix slices fed as inputs
+    WHOLE = "whole"  # one unpacked graph per plan
+
+
 class OnnxEngine(EngineBase):
     """Serves every budget of one checkpoint from lazily created, cached ORT sessions."""
+
+    _bare: tuple[tuple[int, int], tuple[Any, Any]] | None = None  # bare_run's wrapped inputs, by the arrays' ids
 
     def __init__(self, model_dir: Path, options: EngineOptions, info: ModelInfo) -> None:
         _, cfg = checkpoint_config(model_dir)
         super().__init__(model_dir, cfg, options)
         self.info = info
         self.precision = options.precision
-        self.layout = "dynamic" if options.prepack else "whole"
-        self.levels = B.Levels.of(cfg, self.precision) if self.layout == "dynamic" else B.Levels()
+        self.layout = Layout.DYNAMIC if options.prepack else Layout.WHOLE
+        self.levels = B.Levels.of(cfg, self.precision) if self.layout is Layout.DYNAMIC else B.Levels()
         self.cache = GraphCache(options.cache_dir or Path(model_dir) / "onnx",
                                 cache_key(info.checksum, self.precision, self.layout, repr(self.levels)),
                                 f"{self.precision}-{self.layout}")
-        cached = self.cache.load_store(cfg, self.precision)
-        if cached is None:
-            state = load_state(Path(model_dir), cfg)
-            order = head_order(gate_params(state))  # flat unit ranking: heads (and feed-forward groups)
-            store = pack(state, cfg, BudgetPolicy(cfg, order), self.precision)
-            self.cache.save_store(store, order, {"checksum": info.checksum, "precision": self.precision,
-                                                 "layout": self.layout, "builder": G.BUILDER_VERSION})
-        else:
-            store, order = cached
+        self.store, order = self._weights()
         self.policy = BudgetPolicy(cfg, order.astype(np.int64))
-        self.store = store
         self._slices = B.SliceCache()  # int8 Q/K/V column prefixes and dummy feeds, shared by sessions
         self._values: dict[str, ort.OrtValue] = {}  # one OrtValue per initializer name; must outlive sessions
         self._sessions: dict[Any, Runner] = {}
-        self._run_options = ort.RunOptions()
-        self._shrink = ort.RunOptions()  # the arena frees its unused regions when a run with these ends
-        self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        # The dynamic layout's sessions, by (exit depth (None: all layers), whether it is the graph without
+        # branches for small plans).
+        self._dyn: dict[tuple[int | None, bool], Runner] = {}
         # plan.key -> the session that runs it and its per-plan inputs, chosen and made on the plan's first call
         self._runs: dict[Hashable, tuple[Runner, dict[str, Any]]] = {}
         self._keep: dict[Hashable, list[np.ndarray]] = {}  # plan.key -> the arrays behind its feed OrtValues
-        # int8's fed W1 columns (SliceCache.w1_columns) are copies, one per layer and neuron range: the budgets of
-        # the grid fit under the cap, every plan the policy can make would not (docs/results.md, 'Every budget
-        # costs what it says'). Past it the plans least recently run are dropped (``_runs`` is kept in that
-        # order) with the copies no other plan feeds, and made again when called.
-        self._copies_cap = _COPIES_CAP * sum(lw.w1.nbytes for lw in store.layers)
-        # The "dynamic" layout's sessions, by (exit depth (None: all layers), whether it is the graph without
-        # branches for small plans).
-        self._dyn: dict[tuple[int | None, bool], Runner] = {}
+        # int8's fed W1 columns (SliceCache.w1_columns) are copies, one per layer and neuron range: the grid's
+        # budgets fit under the cap, every plan the policy can make would not; past it the plans least recently
+        # run are dropped (``_bound_copies``).
+        self._copies_cap = _COPIES_CAP * sum(lw.w1.nbytes for lw in self.store.layers)
+        self._prepacked = self._prepacked_plans()
         self._logits = ["logits"]
-        # Plans with a prepacked session of their own (EngineOptions.prepacked_budgets, and with a decider the
-        # budgets auto runs most); a plan that runs every layer whole needs none: the all-budget session's
-        # full-width branches are prepacked already. Nor does any plan where the all-budget graph has packed
-        # feed-forward levels: there a budget's own session measured no faster than the levels (and costs its
-        # share of the weights again; docs/results.md, 'Every budget costs what it says').
-        hot = info.decider.hot_budgets() if info.decider is not None and options.prepacked_budgets else ()
-        self._prepacked = {plan.key for plan in map(self.policy.plan, (*options.prepacked_budgets, *hot))
-                           if not self._whole_model(plan)} if self.layout == "dynamic" and not self.levels.neurons else set()
-        self._bare_key: tuple[int, int] | None = None
-        self._bare: tuple[Any, Any] = (None, None)
+        self._run_options = ort.RunOptions()
+        self._shrink = ort.RunOptions()  # the arena frees its unused regions when a run with these ends
+        self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         _shared_arena()
+
+    def _weights(self) -> tuple[WeightStore, np.ndarray]:
+        """The weight store and its unit ranking: from the cache, else packed from the checkpoint and cached."""
+        cached = self.cache.load_store(self.cfg, self.precision)
+        if cached is not None:
+            return cached
+        state = load_state(self.model_dir, self.cfg)
+        order = head_order(gate_params(state))  # flat unit ranking: heads (and feed-forward groups)
+        store = pack(state, self.cfg, BudgetPolicy(self.cfg, order), self.precision)
+        self.cache.save_store(store, order, {"checksum": self.info.checksum, "precision": self.precision,
+                                             "layout": self.layout, "builder": G.BUILDER_VERSION})
+        return store, order
+
+    def _prepacked_plans(self) -> set[Hashable]:
+        """The plans with a prepacked session of their own: ``prepacked_budgets`` and a decider's hot budgets, in
+        the dynamic layout without packed feed-forward levels (with them a budget's own session is no faster),
+        except plans that run every layer whole (the all-budget session's full-width branches serve them)."""
+        if self.layout is not Layout.DYNAMIC or self.levels.neurons:
+            return set()
+        decider = self.info.decider
+        budgets = self.options.prepacked_budgets
+        hot = decider.hot_budgets() if decider is not None and budgets else ()
+        plans = [self.policy.plan(b) for b in (*budgets, *hot)]
+        return {plan.key for plan in plans if not self._whole_model(plan)}
 
     # -- sessions ---------------------------------------------------------------------------------------
     def _session(self, key: Any, name: str, arrays: Arrays, build: Callable[[], onnx.ModelProto],
@@ -158,8 +155,8 @@ class OnnxEngine(EngineBase):
             so.inter_op_num_threads = 1
             so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
             so.add_session_config_entry("session.use_env_allocators", "1")
-            # Off: the first run of each input shape allocated tensor by tensor beside its planned block, up to
-            # 2.0x the cap's estimate on a partial budget (1.4x with it off); batch-1 latency unchanged.
+            # Off: with it, the first run of each input shape allocates tensor by tensor beside its planned block,
+            # well past max_activation_bytes' estimate, for no latency (docs/results.md, 'Findings and decisions').
             so.enable_mem_pattern = False
             if not prepack:
                 so.add_session_config_entry("session.disable_prepacking", "1")
@@ -181,7 +178,7 @@ class OnnxEngine(EngineBase):
                                                                  for w in plan.ffn_widths(c.intermediate_size))
 
     def _whole(self, plan: ExecutionPlan, prepack: bool = False) -> Runner:
-        """The plan's own graph: unpacked ("whole" layout), or prepacked for a budget in ``prepacked_budgets``."""
+        """The plan's own graph: unpacked (the whole layout), or prepacked for a budget in ``prepacked_budgets``."""
         c, p = self.cfg, self.precision
         arrays = B.bind(self.store, c, plan, self._slices)
         name = "whole-" + "-".join(map(str, plan.heads))
@@ -197,9 +194,9 @@ class OnnxEngine(EngineBase):
         engine, one thread)."""
         run = self._runs.pop(plan.key, None)
         if run is None:
-            if self.layout == "dynamic" and plan.key not in self._prepacked:
+            if self.layout is Layout.DYNAMIC and plan.key not in self._prepacked:
                 run = self._dynamic(plan)
-            else:  # a prepacked budget, or any plan of the "whole" layout
+            else:  # a prepacked budget, or any plan of the whole layout
                 run = self._whole(plan, prepack=plan.key in self._prepacked), {}
             self._runs[plan.key] = run
             self._bound_copies()
@@ -250,7 +247,7 @@ class OnnxEngine(EngineBase):
         return sess.run(feeds, options)
 
     def give_back(self, plan: ExecutionPlan) -> None:
-        """ONNX Runtime shrinks its arena only as a run ends, when asked: one run of two tokens asks (~1 ms)."""
+        """ONNX Runtime shrinks its arena only as a run ends, when asked: one run of two tokens asks."""
         self._run(_TWO[0], _TWO[1], plan, self._shrink)
 
     def embedding_tables(self) -> Embeddings:
@@ -260,15 +257,15 @@ class OnnxEngine(EngineBase):
         """The session run alone, feeds prepared outside the timing path (the benchmark's overhead split)."""
         sess, feeds = self._runner(self.plan(budget))
         key = (id(input_ids), id(attention_mask))
-        if self._bare_key != key:  # wrap once per input pair, as the timing loop reuses the same arrays
-            self._bare_key, self._bare = key, (sess.value(input_ids), sess.value(attention_mask))
-        feeds["input_ids"], feeds["attention_mask"] = self._bare
+        if self._bare is None or self._bare[0] != key:  # wrap once: the timing loop reuses the same arrays
+            self._bare = key, (sess.value(input_ids), sess.value(attention_mask))
+        feeds["input_ids"], feeds["attention_mask"] = self._bare[1]
         return sess.run(feeds, self._run_options)
 
     def warmup(self) -> None:
-        """Create every session the 19-budget grid needs and run each once on a short input. A checkpoint
-        without bench.json gets its latency table here, measured on this engine in this process: what the
-        service estimates latency from (a table from another process or machine was off by up to 2x)."""
+        """Create every session the budget grid needs and run each once on a short input. A checkpoint without
+        bench.json gets its latency table here, timed on this engine in this process, which the service estimates
+        latency from (a table from another process or machine can be far off)."""
         ids = np.full((1, 8), 101, dtype=np.int64)
         mask = np.ones((1, 8), dtype=np.int32)
         for b in BUDGET_GRID:
@@ -277,8 +274,7 @@ class OnnxEngine(EngineBase):
             self.info = replace(self.info, bench=self._timed_grid())
 
     def _timed_grid(self, repeats: int = 3) -> BenchRecord:
-        """The fastest of ``repeats`` passes of one text per grid budget, at three lengths (about 1 s for
-        MiniLM int8 on one core)."""
+        """The fastest of ``repeats`` passes of one text per grid budget, at three lengths."""
         lengths = sorted({min(n, self.max_length) for n in (16, _TIMED_TOKENS, 128)})
         table: dict[float, list[tuple[float, float]]] = {}
         for n in lengths:
