@@ -29,7 +29,8 @@ from headbudget.service.state import StateStore
 
 log = logging.getLogger("headbudget.service")
 # FastAPI's native OpenTelemetry (0.16x) asks the global OpenTelemetry providers on every request whether one is
-# configured, about 7 us a request; the service configures none (its metrics are Prometheus'), so it is off.
+# configured, a cost on every request (docs/results.md, 'Server overhead'); the service configures none (its
+# metrics are Prometheus'), so it is off.
 _TELEMETRY_OFF: dict[str, Any] = ({"telemetry": {"tracing": False, "metrics": False, "logs": False}}
                                   if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {})
 

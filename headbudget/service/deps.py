@@ -17,8 +17,8 @@ _bearer = HTTPBearer(auto_error=False, description="The same key as a bearer tok
 
 async def get_runtime(request: Request) -> Runtime:
     """The process's runtime."""
-    # async on purpose: FastAPI runs a plain `def` dependency in its thread pool, a thread hop per request
-    # that py-spy showed on every /classify (the server's own overhead budget is about 1 ms).
+    # async on purpose: FastAPI runs a plain `def` dependency in its thread pool, a thread hop per request against
+    # a server overhead of about a millisecond (docs/results.md, 'Server overhead').
     runtime: Runtime = request.app.state.runtime
     return runtime
 

@@ -31,8 +31,9 @@ class _Supervisor(Multiprocess):
     """uvicorn's worker supervisor, except that SIGHUP reloads the config in each worker instead of
     restarting them (no model reload, no dropped requests).
 
-    The signal is passed on from its handler, at once: uvicorn's loop reads its signal queue every 0.5 s, and a key
-    revoked with a reload was still answered for up to half a second (251-520 ms measured over two workers)."""
+    The signal is passed on from its handler, at once: uvicorn's loop reads its signal queue only every 0.5 s, and
+    a key revoked with a reload must be refused by every worker at once (docs/results.md, 'Revocation over two
+    workers')."""
 
     def __init__(self, config: uvicorn.Config, sockets: list[socket.socket]) -> None:
         super().__init__(config, sockets)

@@ -318,3 +318,18 @@ async def test_openapi_says_what_a_budget_buys() -> None:
     budget = spec["components"]["schemas"]["ClassifyRequest"]["properties"]["budget"]["description"]
     assert "multiply-adds" in budget and "neurons" in budget
     assert "multiply-adds" in spec["info"]["description"]
+    for path, method in (("/classify", "post"), ("/v1/models", "get")):
+        assert "neurons" in spec["paths"][path][method]["description"], path
+    # "attention" only where a text names the attention blocks' own share, or checkpoints that budget only them
+    attention = [d for d in _descriptions(spec) if "attention" in d.lower()]
+    assert attention and all("attention blocks" in d or "attention-scope" in d for d in attention), attention
+
+
+def _descriptions(node: object) -> list[str]:
+    """Every description in an OpenAPI document."""
+    if isinstance(node, dict):
+        own = [node["description"]] if isinstance(node.get("description"), str) else []
+        return own + [d for v in node.values() for d in _descriptions(v)]
+    if isinstance(node, list):
+        return [d for v in node for d in _descriptions(v)]
+    return []

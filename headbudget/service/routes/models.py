@@ -15,8 +15,8 @@ router = APIRouter(tags=["models"])
 
 @router.get("/v1/models", response_model=ModelList, responses=error_responses(503))
 async def list_models(runtime: RuntimeDep) -> ModelList:
-    """The loaded checkpoint: labels, heads, the budget grid with offline accuracy and latency, and what one
-    compute unit is."""
+    """The loaded checkpoint: its labels and size, the budget grid (the heads, neurons and layers each budget
+    runs, with offline accuracy and latency), and what one compute unit is."""
     info, latency = runtime.info, runtime.batcher.latency
     if info is None or latency is None:
         raise Unavailable("the model is not loaded yet", retry_after_s=5)
