@@ -5,9 +5,8 @@ not take. The fast path takes only a JSON body that validates against ``Classify
 unrepeated query parameters; anything else is handed on to FastAPI with its body replayed, so every error keeps
 exactly the status, code and message FastAPI's validation gives it. A request it takes runs the same code as the
 route (``identify_caller``, ``answer``) and maps errors with the same function (``known_error_response``); only
-the layers between are skipped. Why: py-spy on a batch-1 server put FastAPI's routing, dependency solving and
-response re-validation at about half of the event loop's time per request (docs/results.md, 'Findings and
-decisions').
+the layers between are skipped. Why: FastAPI's routing, dependency solving and response re-validation take a
+large share of the event loop's time on every request (docs/results.md, 'Findings and decisions').
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ _UNCOUNTED = _QUIET | {"/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirec
 _UNCOUNTED_PREFIXES = ("/docs/static/", "/playground/assets/")  # the pages' scripts and styles
 _ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 # Request ids are 32 hex digits, as a UUID's: 64 random bits drawn once per process (each worker imports this
-# module anew), then a counter. uuid4() read the system's random source and built a UUID on every request.
+# module anew), then a counter: no request reads the system's random source or builds a UUID.
 _ID_PREFIX = os.urandom(8).hex()
 _ID_COUNTER = itertools.count()
 
