@@ -65,24 +65,34 @@ def load_engine(model_dir: Path, options: EngineOptions) -> Engine:
     if options.threads < 1:
         raise ModelLoadError(f"threads must be >= 1, got {options.threads}")
     info = model_info(Path(model_dir), options)
+    load = _BACKENDS.get(options.backend)
+    if load is None:
+        raise ModelLoadError(f"unknown backend {options.backend!r} (onnxruntime or torch)")
     if not model_type(info.model_type).static_plans:
         return _load_adaptive(Path(model_dir), options, info)
-    if options.backend == "onnxruntime":
-        from headbudget.engine.onnx.backend import OnnxEngine
+    return load(Path(model_dir), options, info)
 
-        return OnnxEngine(Path(model_dir), options, info)
-    if options.backend == "torch":
-        from headbudget.engine.reference.backend import TorchEngine
 
-        return TorchEngine(Path(model_dir), options, info)
-    raise ModelLoadError(f"unknown backend {options.backend!r} (onnxruntime or torch)")
+def _onnxruntime(model_dir: Path, options: EngineOptions, info: ModelInfo) -> Engine:
+    from headbudget.engine.onnx.backend import OnnxEngine
+
+    return OnnxEngine(model_dir, options, info)
+
+
+def _torch(model_dir: Path, options: EngineOptions, info: ModelInfo) -> Engine:
+    from headbudget.engine.reference.backend import TorchEngine
+
+    return TorchEngine(model_dir, options, info)
+
+
+# The backends of budgeted checkpoints by name, each imported when chosen (a serving process imports only its own).
+_BACKENDS: dict[str, Callable[[Path, EngineOptions, ModelInfo], Engine]] = {
+    "onnxruntime": _onnxruntime, "torch": _torch}
 
 
 def _load_adaptive(model_dir: Path, options: EngineOptions, info: ModelInfo) -> Engine:
     """Adaptive types always run the fp32 PyTorch fast path: their head choice is per input, which the static
     ONNX graphs (one per head mask) cannot express. fp32 onnxruntime is served by it with a log line; int8 fails."""
-    if options.backend not in ("onnxruntime", "torch"):
-        raise ModelLoadError(f"unknown backend {options.backend!r} (onnxruntime or torch)")
     spec = PRECISIONS.get(options.precision)
     if spec is None or not spec.torch_engines:
         raise ModelLoadError(f"{model_dir}: {info.model_type} checkpoints have no {options.precision} path; "
