@@ -4,10 +4,9 @@ One pass of B texts padded to N tokens holds, at its peak, fp32 activations of a
 a layer, w: its widest feed-forward block, D: the hidden width)
   attention:     2 copies of the scores (B, k, N, N) + 4 (B*N, D)
   feed-forward:  2 (B*N, w) + 6 (B*N, D)
-whichever is larger, plus 1 MiB. Measured on MiniLM (6 x 12 heads, D 384, I 1536), ONNX Runtime, int8 and fp32,
-budgets 0.1 to 1.0, B 1-64, N 16-512, peak resident memory of one pass without an arena: at most 0.94 of this
-estimate, and about 0.9 of it where the scores dominate (N >= 256). Scores grow with N squared, so the cap
-bounds long texts by how many share a pass, and short ones hardly at all.
+whichever is larger, plus 1 MiB: an upper bound of one pass's peak resident memory in ONNX Runtime, int8 and fp32,
+at every budget, batch and length (docs/results.md, 'Memory under large requests'). Scores grow with N squared,
+so the cap bounds long texts by how many share a pass, and short ones hardly at all.
 """
 
 from __future__ import annotations
@@ -19,8 +18,8 @@ from headbudget.models.plan import ExecutionPlan, Shape
 MiB = 1 << 20
 # A batch that ran in several passes, or in one estimated above this (no cap, or a cap above it), gives its memory
 # back when it is done: once per batch, as memory given back is faulted in again by the next pass. A batch of one
-# smaller pass keeps it in ONNX Runtime's arena for the next: giving back after every run cost 4-6% at 32 texts x
-# 128 tokens (int8 MiniLM), and the arena then holds no more than one pass under the cap.
+# smaller pass keeps it in ONNX Runtime's arena for the next (giving back after every run slows a busy server),
+# and the arena then holds no more than one pass under the cap (docs/results.md, 'Memory under large requests').
 KEEP_BYTES = 256 * MiB
 # Padding a pass may add, as a share of its texts' own tokens: a padded token costs what a real one does.
 PAD_SHARE = 0.125

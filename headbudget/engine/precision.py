@@ -43,13 +43,13 @@ class PrecisionSpec:
     # Plans that multiply by at most this share of the layers' weights, no block at all its units
     # (bind.runs_fed), run a graph without If nodes, every weight fed per call (graph.build_dynamic's
     # ``fed``): there the branches cost more than packing the plan's weights on every call. Where that stops
-    # paying was measured per precision (docs/results.md, 'Every budget costs what it says'); fp32 weights
-    # cost four times as much to pack.
+    # paying differs per precision (docs/results.md, 'Every budget costs what it says'): fp32 weights, four
+    # times int8's bytes, cost more to pack.
     fed_up_to: float = 0.0
     # The neurons of W1 fed per call (all of a small plan's, the rest above a level in the graph with branches)
     # as (D, w) column copies, one per (layer, first, end neuron) shared by every plan (bind.SliceCache),
     # not as a row view: ONNX Runtime transposes an unpacked transB weight on every call. int8 only: fp32's
-    # Gemm measured the same either way (weights.w1_by_rows).
+    # Gemm runs as fast either way (weights.w1_by_rows).
     w1_fed_by_columns: bool = False
 
     def __post_init__(self) -> None:

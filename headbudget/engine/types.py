@@ -28,13 +28,12 @@ class EngineOptions:
     threads: int = 1  # intra-op threads per engine instance; scale out with workers, not threads
     max_length: int | None = None  # token limit; None = the model's max_position
     # ORT weight prepacking: on, the feed-forward and full-width attention weights are packed once (faster
-    # matmuls, ~+40 MB on MiniLM); off, every matmul packs its weights on every call (10-25% slower).
+    # matmuls, some memory); off, every matmul packs its weights on every call (slower).
     prepack: bool = True
     # Budgets that get a session of their own with every weight prepacked (ONNX Runtime, prepack on). The
-    # one all-budget session packs a partial layer's weight slices on every call, which measured 0.7-1.1 ms a
-    # forward pass on MiniLM (docs/results.md, 'Findings and decisions'); a budget served often (a tier's
-    # default) earns its own packed copy: about its share of the layer weights in memory. The service passes
-    # its tiers' defaults.
+    # one all-budget session packs a partial layer's weight slices on every call (docs/results.md, 'Every budget
+    # costs what it says'); a budget served often (a tier's default) earns its own packed copy: about its share
+    # of the layer weights in memory. The service passes its tiers' defaults.
     prepacked_budgets: tuple[float, ...] = (0.25, 0.5)
     cache_dir: Path | None = None  # where built ONNX graphs go; None = <checkpoint>/onnx
     # The most activation memory one forward pass may take, as engine/passes.py estimates it: a batch above it

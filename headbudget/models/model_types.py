@@ -1,7 +1,7 @@
 """Every model type, registered once: how it is built, trained and served (torch-free).
 
-``config.json`` stores the type's name (``model.model_type``); everything that used to switch on that string
-asks this registry instead. Classes are named as import paths, so that the serving process can ask what a
+``config.json`` stores the type's name (``model.model_type``); what differs per type is asked of this registry,
+never switched on that string. Classes are named as import paths, so that the serving process can ask what a
 type needs without importing torch.
 """
 

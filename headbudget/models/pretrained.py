@@ -112,8 +112,8 @@ def from_pretrained(
     if is_classifier:  # its head reads the first token through a dense layer, as it was fine-tuned
         assert family.pooler is not None
         cfg = replace(cfg, pooling="cls", pooler=family.pooler[1])
-    # Built before seeding: the reference's own random init must not shift the model's (same init as before
-    # the adaptive types existed, so old runs reproduce).
+    # Built before seeding: the reference's own random init must not shift the model's (a budgeted model and an
+    # adaptive one from the same seed start from the same encoder).
     bert_names = set(BudgetedClassifier(replace(cfg, model_type="budgeted")).state_dict())
     torch.manual_seed(seed)
     model = build_model(cfg)
@@ -163,7 +163,7 @@ def random_init(
     """The ``tiny`` base: a randomly initialised encoder (2 layers x 4 heads, width 64 unless overridden)."""
     cfg = replace(ModelConfig(labels=labels, gate=gate, model_type=model_type), **{**TINY, **overrides})
     # The reference is built before seeding so that its init does not consume the model's random stream: the
-    # smoke recipe's tiny model is init-sensitive (drawn after it, dense stayed at chance, 0.505).
+    # smoke recipe's tiny model is init-sensitive.
     bert_names = set(BudgetedClassifier(replace(cfg, model_type="budgeted")).state_dict())
     torch.manual_seed(seed)
     model = build_model(cfg)

@@ -85,7 +85,7 @@ RAMP_DENSE = -1  # a merged group: span heads of several windows, all run over e
 def _merge_ramp_groups(plan: Plan, n: int) -> Plan:
     """The plan with adjacent span groups that would each run dense-with-ramp at length ``n`` merged into one
     (window RAMP_DENSE). Heads are sorted by window, so at short lengths most of a layer becomes one SDPA call
-    instead of one per distinct window: at n = 128 the per-window calls made span 0.89x of dense (measured)."""
+    instead of one per distinct window, whose fixed costs would outweigh what the spans save."""
     out: list[Group] = []
     for heads, width, window in plan:
         ramp_dense = window > 0 and not span_blocked(window, n)
@@ -117,9 +117,8 @@ class AdaptiveEngine(EngineBase):
         self.model, self.info, self.kind, self.path = model, info, model.cfg.model_type, path
         c = self.cfg
         self.n_heads, self.head_dim, self.scale = c.n_heads, c.head_dim, 1.0 / math.sqrt(c.head_dim)
-        # Pack the batch (True) rather than run inputs one by one (False). Measured at batch 8, lengths 20-128,
-        # MiniLM shape, one thread: BudgetFormer 122 vs 141 ms, span 154 vs 177, AdaAttention 138 vs 172 ms.
-        # Inputs rarely share a BudgetFormer head set, so most of the gain is the packed feed-forward blocks.
+        # Pack the batch (True) rather than run inputs one by one (False): faster for every adaptive type, mostly
+        # through the packed feed-forward blocks (inputs rarely share a BudgetFormer head set).
         self.grouped = True
         self.layers: list[_Layer] = []
         for layer in model.encoder.layers:
@@ -266,7 +265,7 @@ class AdaptiveEngine(EngineBase):
             elif window:
                 y = self._span(layer, q, k, v, heads, window)
             else:  # the scale stays 1/sqrt(d_h) at every d', as the reference masks rather than rescales
-                # 4-D: with (g, n, d') SDPA falls back to its math path, 3-5x slower at n = 512 (measured).
+                # 4-D: with (g, n, d') SDPA falls back to its much slower math path.
                 y = F.scaled_dot_product_attention(q[None], k[None], v[None], scale=self.scale)[0]  # (g, n, d')
             if w is not None:
                 y = y * w[h0 : h0 + g, None, None]
@@ -290,9 +289,9 @@ class AdaptiveEngine(EngineBase):
               window: int) -> torch.Tensor:
         """SpanAttention for heads sharing ``window`` (consecutive in the layer's order): q, k, v (g, n, dh).
 
-        A strict per-query neighbourhood (K/V unfolded to (n, 2w-1)) was measured 3-40x slower than dense SDPA
-        (n = 512, w = 16..96: tiny batched matmuls), so queries run in blocks of B = span_block(w) with one SDPA
-        over each block's B + 2w - 2 keys; the ramp's log m (0 weight beyond the window) is the additive mask.
+        Queries run in blocks of B = span_block(w) with one SDPA over each block's B + 2w - 2 keys (a strict
+        per-query neighbourhood is many tiny matmuls, slower than dense SDPA); the ramp's log m (0 weight beyond the
+        window) is the additive mask.
         """
         assert layer.layout.span_z is not None and layer.layout.span_log_m is not None
         g, n, dh = q.shape

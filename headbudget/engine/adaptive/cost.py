@@ -25,13 +25,13 @@ def head_macs(hidden: int, n_tokens: int, width: int, pairs: int) -> int:
 
 
 def span_block(window: int) -> int:
-    """Queries per block of the banded span kernel: w/2 measured fastest (w in 16..160, n = 512, one thread)."""
+    """Queries per block of the banded span kernel: w/2, the fastest block over the windows the span type learns."""
     return max(8, window // 2)
 
 
 def span_blocked(window: int, n_tokens: int) -> bool:
     """Whether the banded kernel runs: only when it multiplies at most 3/4 of the n * n pairs, because building
-    its padded blocks and bias costs time too (at n = 128 a 1.0x-pair band measured ~5% slower than dense)."""
+    its padded blocks and bias costs time too (a band as large as dense runs slower than dense)."""
     block = span_block(window)
     keys = block + 2 * window - 2
     return keys < n_tokens and 4 * (-(-n_tokens // block) * block * keys) <= 3 * n_tokens * n_tokens

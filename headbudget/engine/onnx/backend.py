@@ -156,7 +156,7 @@ class OnnxEngine(EngineBase):
             so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
             so.add_session_config_entry("session.use_env_allocators", "1")
             # Off: with it, the first run of each input shape allocates tensor by tensor beside its planned block,
-            # well past max_activation_bytes' estimate, for no latency (docs/results.md, 'Findings and decisions').
+            # well past max_activation_bytes' estimate, for no latency (docs/results.md, 'Memory under large requests').
             so.enable_mem_pattern = False
             if not prepack:
                 so.add_session_config_entry("session.disable_prepacking", "1")

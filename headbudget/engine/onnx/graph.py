@@ -1,7 +1,7 @@
 """ONNX graphs that compute only the active heads, built by our own code from the weight store.
 
 Why onnx.helper and not torch.onnx.export of a sliced module: the graph is small and fully known (a post-LN
-BERT), and writing it directly lets us (1) use ONNX Runtime's CPU kernels we measured fastest (Gemm with the bias fused,
+BERT), and writing it directly lets us (1) use the ONNX Runtime CPU kernels that run it fastest (Gemm with the bias fused,
 one Q/K/V GEMM per layer, FusedMatMul for scaled scores, DynamicQuantizeMatMul for int8) without relying on
 the exporter's patterns being fused, (2) reference every weight by name so that all budgets' sessions share one copy of each array
 (``bind.bind`` returns numpy *views* for head prefixes), and (3) keep torch out of the serving process.
@@ -10,8 +10,8 @@ A graph is determined by an execution plan: the per-layer head counts ``plan.hea
 budgets, the per-layer feed-forward widths ``plan.ffn``; the kept heads of layer l are the first heads[l] heads
 of the layer's permuted order and its kept neurons the first ffn[l] neurons of its neuron order
 (engine/weights/pack.py). A layer with no head passes LN(x + b_O), one with no neuron LN(x + b_2), which is exactly
-what the reference model computes with those gates at 0. Attention-scope plans (``ffn`` None) build exactly the
-graphs they built before feed-forward budgets existed.
+what the reference model computes with those gates at 0. Attention-scope plans (``ffn`` None) keep every layer's
+feed-forward block whole.
 """
 
 from __future__ import annotations
@@ -103,8 +103,8 @@ class _Graph:
     def residual_out(self, h: str, w: str, bias: str, scale: str, x: str) -> str:
         """x + h @ W (+ bias): fp32 as one Gemm whose C is the residual x (its bias folded into x), int8 an Add.
 
-        The norm after it stays a plain LayerNormalization: Add + LayerNormalization measured faster on this CPU
-        than the contrib SkipLayerNormalization kernel (docs/results.md, 'Findings and decisions')."""
+        The norm after it stays a plain LayerNormalization: Add + LayerNormalization runs faster than the contrib
+        SkipLayerNormalization kernel (docs/results.md, 'Findings and decisions')."""
         if self.fold:
             return self.op("Gemm", [h, w, x])
         return self.op("Add", [self.linear(h, w, bias, scale), x])
@@ -295,7 +295,7 @@ def placeholder(name: str, array: np.ndarray) -> TensorProto:
 
     ONNX Runtime uses an ``add_initializer`` OrtValue without copying it, but only for a name the graph
     declares as an initializer; declaring it as external data (never read) keeps the graph file tiny.
-    ``add_external_initializers`` would copy every array into every session: 19 budgets x 90 MB measured.
+    ``add_external_initializers`` would copy every array into every session.
     """
     t = TensorProto()
     t.name, t.data_type, t.data_location = name, _NP_TO_ONNX[array.dtype], TensorProto.EXTERNAL

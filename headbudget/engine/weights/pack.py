@@ -1,7 +1,7 @@
 """Checkpoint weights as numpy arrays, laid out so that every budget is a prefix slice of every layer.
 
-Torch-free on purpose: an ONNX Runtime serving process never imports torch (about 1 s and tens of MB of
-resident memory it would not use). config.json and the digest come from ``models.checkpoint_meta`` (torch-free);
+Torch-free on purpose: an ONNX Runtime serving process never imports torch (time and resident memory it would
+not use). config.json and the digest come from ``models.checkpoint_meta`` (torch-free);
 the tensors are read with ``safetensors.numpy`` and checked against the config here.
 
 Layout, per layer l, with heads permuted by ``layer_head_orders`` (rank order inside the layer):
@@ -13,7 +13,7 @@ Layout, per layer l, with heads permuted by ``layer_head_orders`` (rank order in
   (W1 rows, b1 entries, W2 input rows), so that a plan's kept neurons are the first ffn[l] of every layer:
   W2 (I, D) and b1 prefixes are row views. W1 stays in nn.Linear's (I, D) layout (the graph uses
   ``transB=1``) so that its prefix is a row view too, in fp32 and int8, see ``w1_by_rows``. Attention-scope
-  stores are exactly as before (identity neuron order, W1 as (D, I)).
+  stores keep the identity neuron order and W1 as (D, I).
 fp32 stores fold the residual biases (``fold_residual_biases``): the graph adds each block's output to the residual
 inside the second Gemm (its C input), which saves an Add over (B*N, D) per block.
 int8 stores (K, N) matrices with one symmetric scale per output column (whole-model W1: (N, K), one per
@@ -112,20 +112,14 @@ def quantize_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def w1_by_rows(cfg: ModelConfig) -> bool:
     """Whether the store's W1 is (I, D), neurons as rows (whole-model budgets), rather than (D, I).
 
-    A plan's neuron prefix is then a row view, so no budget needs a copy of W1. fp32 (ORT 1.32, one thread,
-    128 x 384 tokens, Gemm over a weight fed as an input, medians of 7x50): transB=1 over a (w, D) row view took
-    0.346 / 0.174 ms at w = 768 / 384 against 0.358 / 0.179 ms for transB=0 over a contiguous (D, w) copy, and
-    the full width prepacked 0.624 vs 0.627 ms. int8 has no transposed DynamicQuantizeMatMul; it runs
+    A plan's neuron prefix is then a row view, so no budget needs a copy of W1. fp32's Gemm with ``transB=1``
+    over a row view runs as fast as over a contiguous copy. int8 has no transposed DynamicQuantizeMatMul; it runs
     DynamicQuantizeLinear + QGemm(transB=1) + BiasGelu, bit-identical to DynamicQuantizeMatMul + Gelu over a
-    (D, w) copy (``_Graph.ffn``). Measured (one thread, x (M, 384) times W1 of MiniLM, medians of 7x300 calls,
-    interleaved): prepacked full width 0.304 / 0.112 ms against 0.296 / 0.109 (M = 128 / 43, +3%); a 768-neuron
-    prefix fed per call 0.191 / 0.086 ms against 0.167 / 0.066 ms over the copy, since ORT transposes an
-    unpacked B on every call. In the engine (A/B, three alternating processes per tree, 40 AG News texts,
-    int8) that was within noise at the prepacked budgets and +5% at b = 0.75, which runs on the all-budget
-    session; bought back in memory: the per-(layer, width) int8 copies of W1 were 21 MB over the 19 budgets of
-    the AG News checkpoint, 45% of one dense int8 session (docs/results.md, 'Findings and decisions'). The
-    neurons fed per call take int8 W1 as such column copies after all (``PrecisionSpec.w1_fed_by_columns``):
-    the packed prefixes stay row views, and the copies cover only what is fed.
+    (D, w) copy (``_Graph.ffn``), and saves the per-width copies of W1 for about the same latency where the
+    weights are prepacked (docs/results.md, 'Findings and decisions'). ONNX Runtime transposes an unpacked B on
+    every call, so the neurons fed per call take int8 W1 as column copies after all
+    (``PrecisionSpec.w1_fed_by_columns``): the packed prefixes stay row views, and the copies cover only what is
+    fed.
     """
     return cfg.gate.scope_spec.gates_ffn  # both precisions: one layout, one rule
 
@@ -140,8 +134,8 @@ def pack(state: Arrays, cfg: ModelConfig, policy: BudgetPolicy, precision: Preci
     neuron_perms = policy.neuron_perms if cfg.gate.scope_spec.gates_ffn else None
     word, word_s, w1_z = state[e + "word.weight"], None, None
     if quantized:
-        # The word table is most of the model (30522 x 384 fp32 = 47 MB for MiniLM): int8 rows with one
-        # scale each, dequantized after the Gather (only the B*N gathered rows), as quantize_dynamic does.
+        # The word table is most of a small model: int8 rows with one scale each, dequantized after the Gather
+        # (only the B*N gathered rows), as quantize_dynamic does.
         word, word_s = quantize_rows(word)
         if w1_by_rows(cfg):  # QGemm's per-neuron zero points (all 0, symmetric), sliced per width
             w1_z = np.zeros(cfg.intermediate_size, np.int8)
@@ -191,9 +185,8 @@ def _pack_layer(state: Arrays, cfg: ModelConfig, layer: int, heads: np.ndarray, 
                         ln2_g=state[p + "ffn_norm.weight"], ln2_b=state[p + "ffn_norm.bias"])
     if not quantized:
         return fp32
-    # (D, H*3*dh), so a head prefix is a column copy per (layer, k) (engine slice cache, ~11 MB on MiniLM
-    # over 19 budgets). Rows + QGemm as for W1 was measured (A/B, three alternating processes per tree,
-    # 40 AG News texts): +2-3% at every budget for those 11 MB; memory is within 2x without it.
+    # (D, H*3*dh), so a head prefix is a column copy per (layer, k) (the engine's slice cache): rows + QGemm as
+    # for W1 would save those copies but run slower at every budget (docs/results.md, 'Findings and decisions').
     wqkv, wqkv_s = quantize_columns(qkv.T)
     wo, wo_s = quantize_columns(wo)
     if rows:  # one scale per neuron, as for the (D, I) layout
@@ -216,10 +209,9 @@ def fold_residual_biases(store: WeightStore, cfg: ModelConfig) -> WeightStore:
     (ln2_b + bo; ``ln2_b`` stays plain for a layer whose output is pooled: the last one, or the last before an
     exit). The fields ``bqkv``, ``ln1_b`` and ``b1`` hold the folded values in fp32 stores. Every fold is per
     output row (a head's Q/K/V rows, a neuron), so head and neuron prefixes stay prefixes. A layer with no
-    head (no neuron) is LN(x') exactly, as the reference's LN(x + b). Measured (AG News exits checkpoint, one
-    thread, 200 AG News texts, the engine's graphs with and without the fold in one process, each call after
-    an ORT dense call): b = 1 11.28 -> 11.08 ms, b = 0.5 5.54 -> 5.48, b = 0.25 3.02 -> 2.96 (-1 to -2%);
-    logits within 1e-6. int8's DynamicQuantizeMatMul has no C input, so int8 stores stay plain (bit-identical).
+    head (no neuron) is LN(x') exactly, as the reference's LN(x + b); logits move within 1e-6 and every budget
+    runs a little faster (docs/results.md, 'Findings and decisions'). int8's DynamicQuantizeMatMul has no C input,
+    so int8 stores stay plain (bit-identical).
     """
     rows = w1_by_rows(cfg)
     emb, layers = store.embeddings, store.layers
