@@ -49,3 +49,36 @@ def test_no_tracked_text_names_the_work_history_or_outside_files() -> None:
         text = path.read_text(errors="replace")
         found += [f"{path.relative_to(ROOT)}: {o}" for o in offences(text)]
     assert not found, "\n".join(found[:50]) + (f"\n... and {len(found) - 50} more" if len(found) > 50 else "")
+
+
+# A module docstring says what the module is and does; its figures belong in docs/results.md, which the docstring
+# may link. A measurement is a number with a unit of time, memory or speed-up, or a percentage; a line that defines
+# a setting or a bound ("default 250 ms", "sampled every 5 ms", "plus 1 MiB") is not one.
+MEASUREMENT = re.compile(
+    r"(?<![\w.])\d+(?:[.,]\d+)*\s*(?:ms|us|µs|MB|MiB|GB|GiB|x faster|x slower|%)(?![\w])", re.IGNORECASE)
+DEFINITION = re.compile(r"\b(default|target|every|plus|at most|at least|up to|cap|limit|e\.g\.|for example)\b",
+                        re.IGNORECASE)
+
+
+def module_docstring_measurements(source: str) -> list[str]:
+    """Lines of a module's docstring that quote a measurement."""
+    import ast
+
+    doc = ast.get_docstring(ast.parse(source), clean=False) or ""
+    return [line.strip() for line in doc.splitlines() if MEASUREMENT.search(line) and not DEFINITION.search(line)]
+
+
+def test_the_docstring_rule_catches_a_benchmark_log() -> None:
+    assert module_docstring_measurements('"""The backend.\n\nchain (removed): b=1 20.3 ms, b=0.5 11.2 ms."""')
+    assert module_docstring_measurements('"""Serving.\n\nThis made it 2.4x faster and 38% cheaper."""') == [
+        "This made it 2.4x faster and 38% cheaper."]
+    assert not module_docstring_measurements('"""Admission.\n\nThe queue waits at most 5 ms (default 5 ms)."""')
+    assert not module_docstring_measurements('"""Figures: docs/results.md, \'Server overhead\'."""')
+
+
+def test_module_docstrings_hold_no_measurement_logs() -> None:
+    found = []
+    for path in sorted((ROOT / "headbudget").rglob("*.py")):
+        found += [f"{path.relative_to(ROOT)}: {line}"
+                  for line in module_docstring_measurements(path.read_text(encoding="utf-8"))]
+    assert not found, "measurements belong in docs/results.md:\n" + "\n".join(found)

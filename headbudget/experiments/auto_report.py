@@ -4,11 +4,11 @@ Accuracy and mean cost: every test text, through the serving engine's own paths 
 budget, ``run`` with ``Auto`` at each of a decider's operating points, batches of 32). Latency: the first
 ``latency_examples`` texts, one at a time (batch 1, one thread), each configuration timed around the whole call
 (tokenizing, every pass, the answer), round robin over the configurations so that drift on a shared machine
-hits all of them alike, in a fresh random order for every text and repeat (in a fixed order each budget ran right
-after its neighbour on the grid, with much of its weights still in cache, and auto after the whole budget: that
-alone made auto look 0.3-0.4 ms slower on MiniLM than the same passes cost), ``repeats`` times; a
-configuration's latency is the mean over texts of each text's median. No partial budget gets a prepacked session of its own (``prepacked_budgets=()``), so every pass, fixed
-or auto, runs the same all-budget session.
+hits all of them alike, in a fresh random order for every text and repeat (in a fixed order each budget would run
+right after its neighbour on the grid, with much of its weights still in cache, and auto after the whole budget),
+``repeats`` times; a configuration's latency is the mean over texts of each text's median. No partial budget gets
+a prepacked session of its own (``prepacked_budgets=()``), so every pass, fixed or auto, runs the same all-budget
+session.
 
 The fixed curve at equal latency: the upper envelope of the fixed budgets' (latency, accuracy) points,
 interpolated linearly (a random mix of two budgets reaches any point between them); ``None`` outside its range.
