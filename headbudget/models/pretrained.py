@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from headbudget.models.classifier import BudgetedClassifier
 from headbudget.models.config import TINY, GateConfig, ModelConfig
 from headbudget.models.factory import build_model
-from headbudget.models.hf_families import PretrainedError, family_of, hf_key
+from headbudget.models.hf_families import Family, PretrainedError, family_of, hf_key
 
 
 def minilm_path() -> Path:
@@ -98,16 +98,9 @@ def from_pretrained(
     are ours, otherwise only its encoder and pooler layer are (the dense stage then trains the classifier)."""
     hf = _read_json(folder / "config.json")
     family = family_of(hf, folder / "config.json")
-    path = folder / "model.safetensors"
-    if not path.is_file():
-        raise PretrainedError(f"{path}: missing (only safetensors weights are read; save with "
-                              "safe_serialization=True)")
-    try:
-        hf_state = load_file(str(path))
-    except (OSError, SafetensorError) as e:
-        raise PretrainedError(f"{path}: cannot read weights ({e})") from e
-    prefix = family.prefix if any(k.startswith(family.prefix) for k in hf_state) else ""
-    is_classifier = bool(prefix) and f"{family.classifier}.weight" in hf_state
+    path, theirs = _read_weights(folder)
+    prefix = family.prefix if any(k.startswith(family.prefix) for k in theirs) else ""
+    is_classifier = bool(prefix) and f"{family.classifier}.weight" in theirs
     cfg = replace(config_from_hf(folder, labels, gate), model_type=model_type)
     if is_classifier:  # its head reads the first token through a dense layer, as it was fine-tuned
         assert family.pooler is not None
@@ -117,44 +110,73 @@ def from_pretrained(
     bert_names = set(BudgetedClassifier(replace(cfg, model_type="budgeted")).state_dict())
     torch.manual_seed(seed)
     model = build_model(cfg)
-    state = model.state_dict()
-
-    def take(ours: str, key: str, rows: list[int] | None = None) -> None:
-        if key not in hf_state:
-            raise PretrainedError(f"{path}: tensor {key} is missing")
-        value = hf_state[key].float()
-        if ours == "encoder.embeddings.position.weight" and family.position_offset:
-            value = value[cfg.pad_token_id + 1:]
-        if rows is not None:
-            value = value[rows]
-        if value.shape != state[ours].shape:
-            raise PretrainedError(f"{path}: tensor {key} has shape {tuple(value.shape)}, "
-                                  f"expected {tuple(state[ours].shape)}")
-        state[ours] = value
-
-    for name in state:
-        if not name.startswith("encoder.") or name not in bert_names:  # adaptive parts are ours, not BERT's
-            continue
-        if name.startswith("encoder.embeddings.token_type") and "token_type" not in family.embeddings:
-            state[name] = torch.zeros_like(state[name])  # no token types: adding type 0 must add nothing
-            continue
-        take(name, prefix + hf_key(name, family))
+    weights = _Weights(path, theirs, model.state_dict(), cfg.pad_token_id + 1 if family.position_offset else 0)
+    weights.take_encoder(family, prefix, bert_names)
     note = f"{family.name} encoder from {folder}"
     rows = _label_rows(hf, labels) if is_classifier else None
     if is_classifier:
+        note = weights.take_head(family, rows, f"{family.name} sequence classifier from {folder}", hf)
+    model.load_state_dict(weights.ours)
+    return Base(model=model, family=family.name, head_loaded=rows is not None, note=note)
+
+
+def _read_weights(folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """The folder's model.safetensors, or one line saying why it cannot be read."""
+    path = folder / "model.safetensors"
+    if not path.is_file():
+        raise PretrainedError(f"{path}: missing (only safetensors weights are read; save with "
+                              "safe_serialization=True)")
+    try:
+        return path, load_file(str(path))
+    except (OSError, SafetensorError) as e:
+        raise PretrainedError(f"{path}: cannot read weights ({e})") from e
+
+
+@dataclass
+class _Weights:
+    """A Hugging Face state dict read into ours tensor by tensor, each checked against our shape."""
+
+    path: Path  # the file ``theirs`` came from, for messages
+    theirs: dict[str, torch.Tensor]
+    ours: dict[str, torch.Tensor]
+    position_offset: int  # position rows before the first real position (RoBERTa's: pad_token_id + 1)
+
+    def take(self, ours: str, key: str, rows: list[int] | None = None) -> None:
+        if key not in self.theirs:
+            raise PretrainedError(f"{self.path}: tensor {key} is missing")
+        value = self.theirs[key].float()
+        if ours == "encoder.embeddings.position.weight" and self.position_offset:
+            value = value[self.position_offset:]
+        if rows is not None:
+            value = value[rows]
+        if value.shape != self.ours[ours].shape:
+            raise PretrainedError(f"{self.path}: tensor {key} has shape {tuple(value.shape)}, "
+                                  f"expected {tuple(self.ours[ours].shape)}")
+        self.ours[ours] = value
+
+    def take_encoder(self, family: Family, prefix: str, bert_names: set[str]) -> None:
+        """Every encoder tensor BERT has (adaptive parts are ours, not BERT's, and keep their initialisation)."""
+        for name in self.ours:
+            if not name.startswith("encoder.") or name not in bert_names:
+                continue
+            if name.startswith("encoder.embeddings.token_type") and "token_type" not in family.embeddings:
+                self.ours[name] = torch.zeros_like(self.ours[name])  # no token types: adding type 0 must add nothing
+                continue
+            self.take(name, prefix + hf_key(name, family))
+
+    def take_head(self, family: Family, rows: list[int] | None, note: str, hf: dict[str, Any]) -> str:
+        """A classifier's pooler layer, and its output layer where its labels are ours (``rows``: ours in its
+        order); ``note`` completed with what was taken."""
         assert family.pooler is not None
         for leaf in ("weight", "bias"):
-            take(f"pooler.{leaf}", f"{family.pooler[0]}.{leaf}")
-        note = f"{family.name} sequence classifier from {folder}: encoder and pooler layer"
-        if rows is not None:
-            for leaf in ("weight", "bias"):
-                take(f"classifier.{leaf}", f"{family.classifier}.{leaf}", rows)
-            note += " and classifier (its labels are the data's)"
-        else:
-            note += f"; its labels {sorted((hf.get('id2label') or {}).values())} are not the data's, so the " \
-                    "classifier is new"
-    model.load_state_dict(state)
-    return Base(model=model, family=family.name, head_loaded=rows is not None, note=note)
+            self.take(f"pooler.{leaf}", f"{family.pooler[0]}.{leaf}")
+        note += ": encoder and pooler layer"
+        if rows is None:
+            return note + (f"; its labels {sorted((hf.get('id2label') or {}).values())} are not the data's, so the "
+                           "classifier is new")
+        for leaf in ("weight", "bias"):
+            self.take(f"classifier.{leaf}", f"{family.classifier}.{leaf}", rows)
+        return note + " and classifier (its labels are the data's)"
 
 
 def random_init(

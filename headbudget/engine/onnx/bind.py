@@ -253,55 +253,71 @@ def dynamic_feeds(store: WeightStore, cfg: ModelConfig, plan: ExecutionPlan, cac
     neuron (GELU(0) = 0 times a zero W2 row) adds exactly nothing, which is what the reference computes (one
     unit's worth of wasted work). A block at all its units takes the full branch and ignores them.
     """
-    dh, n_heads, full_width = cfg.head_dim, cfg.n_heads, cfg.intermediate_size
-    quantized = PRECISIONS[store.precision].quantized
     idle_heads, idle_neurons = _idle(cfg, store, cache)
-    out: Arrays = {}
-    widths = plan.ffn_widths(full_width)
-    columns = PRECISIONS[store.precision].w1_fed_by_columns  # W1 as (D, w), no zero points
     if fed:  # no branches: every block's units come from these inputs, a full block's included
         levels = Levels()
+    widths = plan.ffn_widths(cfg.intermediate_size)
+    out: Arrays = {}
     for layer, k in enumerate(plan.heads[: plan.layers_run]):
         n = input_names(layer)
-        branch = k == n_heads and not fed  # the block takes its full branch and ignores these inputs
-        if not fed:
-            out[n.full] = np.array(branch)
-        lo = 0 if branch else floor_level(k, levels.heads)
-        if levels.heads:  # which branch runs (the flags of ``graph._Graph.choose``): one of these, or full
-            for lv in (0, *levels.heads):
-                out[level_input(layer, lv, heads=True)] = np.array(not branch and lv == lo)
-        if lo < k and not branch:
-            own = layer_names(layer, heads=k)
-            sliced = _sliced(store, layer, k, dh, cache, lo)
-            out |= {n.wqkv: sliced[own.wqkv], n.bqkv: sliced[own.bqkv], n.wo: sliced[own.wo]}
-            if quantized:
-                out[n.wqkv_s] = sliced[own.wqkv_s]
-        else:
-            out |= {n.wqkv: idle_heads.w_in, n.bqkv: idle_heads.bias, n.wo: idle_heads.w_out}
-            if quantized:
-                out[n.wqkv_s] = idle_heads.scale
-        if not cfg.ffn_groups:
-            continue
-        w = widths[layer]
-        branch = w == full_width and not fed
-        if not fed:
-            out[n.ffn_full] = np.array(branch)
-        lo = 0 if branch else floor_level(w, levels.neurons)
-        if levels.neurons:
-            for lv in (0, *levels.neurons):
-                out[level_input(layer, lv)] = np.array(not branch and lv == lo)
-        if lo < w and not branch:
-            own = layer_names(layer, neurons=w)
-            sliced = _ffn_sliced(store, layer, w, lo)
-            out |= {n.w1: _w1_columns(store, layer, lo, w, cache) if columns else sliced[own.w1], n.b1: sliced[own.b1],
-                    n.w2: sliced[own.w2]}
-            if quantized:
-                out[n.w1_s] = sliced[own.w1_s]
-                _put(out, n.w1_z, None if columns else sliced[own.w1_z])
-        else:  # one zero row of W1 (1, D) is, reshaped, one zero column (D, 1)
-            out |= {n.w1: idle_neurons.w_in.reshape(-1, 1) if columns else idle_neurons.w_in, n.b1: idle_neurons.bias,
-                    n.w2: idle_neurons.w_out}
-            if quantized:
-                out[n.w1_s] = idle_neurons.scale
-                _put(out, n.w1_z, None if columns else idle_neurons.zero)
+        lo = _branch(out, n.full, layer, k, cfg.n_heads, levels.heads, fed, heads=True)
+        out |= _head_feeds(store, layer, k, lo, cfg.head_dim, cache, idle_heads)
+        if cfg.ffn_groups:
+            w = widths[layer]
+            lo = _branch(out, n.ffn_full, layer, w, cfg.intermediate_size, levels.neurons, fed, heads=False)
+            out |= _neuron_feeds(store, layer, w, lo, cache, idle_neurons)
+    return out
+
+
+def _branch(out: Arrays, full_flag: str, layer: int, units: int, total: int, levels: tuple[int, ...], fed: bool,
+            heads: bool) -> int | None:
+    """Set the flags that pick one block's branch (``graph._Graph.choose``) in ``out``; the packed level its fed
+    units start above, or None where it runs at all ``total`` units (the full branch ignores the fed inputs)."""
+    full = units == total and not fed
+    if not fed:
+        out[full_flag] = np.array(full)
+    lo = 0 if full else floor_level(units, levels)
+    if levels:  # one flag per packed level (0: none), set for the level that runs
+        for lv in (0, *levels):
+            out[level_input(layer, lv, heads=heads)] = np.array(not full and lv == lo)
+    return None if full else lo
+
+
+def _head_feeds(store: WeightStore, layer: int, k: int, lo: int | None, dh: int, cache: SliceCache,
+                idle: _Idle) -> Arrays:
+    """Heads ``lo`` to k of one layer as its attention block's inputs, or one zero head where there are none."""
+    n, quantized = input_names(layer), PRECISIONS[store.precision].quantized
+    if lo is not None and lo < k:
+        own = layer_names(layer, heads=k)
+        sliced = _sliced(store, layer, k, dh, cache, lo)
+        out = {n.wqkv: sliced[own.wqkv], n.bqkv: sliced[own.bqkv], n.wo: sliced[own.wo]}
+        if quantized:
+            out[n.wqkv_s] = sliced[own.wqkv_s]
+    else:
+        out = {n.wqkv: idle.w_in, n.bqkv: idle.bias, n.wo: idle.w_out}
+        if quantized:
+            out[n.wqkv_s] = idle.scale
+    return out
+
+
+def _neuron_feeds(store: WeightStore, layer: int, w: int, lo: int | None, cache: SliceCache,
+                  idle: _Idle) -> Arrays:
+    """Neurons ``lo`` to w of one layer as its feed-forward block's inputs, or one zero neuron where there are
+    none. W1 is fed as (D, w) columns where the precision says so (``w1_fed_by_columns``, no zero points)."""
+    n, spec = input_names(layer), PRECISIONS[store.precision]
+    columns = spec.w1_fed_by_columns
+    out: Arrays = {}
+    if lo is not None and lo < w:
+        own = layer_names(layer, neurons=w)
+        sliced = _ffn_sliced(store, layer, w, lo)
+        out |= {n.w1: _w1_columns(store, layer, lo, w, cache) if columns else sliced[own.w1], n.b1: sliced[own.b1],
+                n.w2: sliced[own.w2]}
+        if spec.quantized:
+            out[n.w1_s] = sliced[own.w1_s]
+            _put(out, n.w1_z, None if columns else sliced[own.w1_z])
+    else:  # one zero row of W1 (1, D) is, reshaped, one zero column (D, 1)
+        out |= {n.w1: idle.w_in.reshape(-1, 1) if columns else idle.w_in, n.b1: idle.bias, n.w2: idle.w_out}
+        if spec.quantized:
+            out[n.w1_s] = idle.scale
+            _put(out, n.w1_z, None if columns else idle.zero)
     return out

@@ -44,10 +44,11 @@ from headbudget.engine.onnx import bind as B
 from headbudget.engine.onnx import graph as G
 from headbudget.engine.types import Precision
 from headbudget.engine.weights.pack import gate_params, load_state, pack
+from headbudget.engine.weights.store import WeightStore
 from headbudget.models.budget import head_order
 from headbudget.models.config import ModelConfig
 from headbudget.models.model_types import model_type
-from headbudget.models.plan import BudgetPolicy, Shape
+from headbudget.models.plan import BudgetPolicy, ExecutionPlan, Shape
 from headbudget.models.tokenizer import TOKENIZER_FILES
 
 MODEL_FILE = "model.onnx"
@@ -108,14 +109,7 @@ def export_onnx(model_dir: Path, budget: float, out: Path, precision: Precision 
     state = load_state(model_dir, cfg)
     policy = BudgetPolicy(cfg, head_order(gate_params(state)))
     plan = policy.plan(budget)
-    counts, widths = plan.heads, plan.ffn_widths(cfg.intermediate_size)
-    arrays = B.bind(pack(state, cfg, policy, precision), cfg, plan, B.SliceCache())
-    model = _int64_mask(standalone(G.build_graph(cfg, plan, precision, arrays), arrays))
-    model.producer_name = "headbudget-export"
-    # The engine's graphs leave the output's shape open; a standalone file states it (the checker wants one).
-    del model.graph.output[:]
-    model.graph.output.append(helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", cfg.n_labels]))
-    onnx.checker.check_model(model)
+    model = _standalone_graph(pack(state, cfg, policy, precision), cfg, plan, precision)
     out.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(out / MODEL_FILE))
     for name in TOKENIZER_FILES:
@@ -124,12 +118,32 @@ def export_onnx(model_dir: Path, budget: float, out: Path, precision: Precision 
     max_length = min(int(config.get("max_length", cfg.max_position)), cfg.max_position)
     cost = plan.cost(Shape.of(cfg), max_length)
     record = OnnxExport(
-        folder=str(out), budget=budget, precision=precision, heads_per_layer=counts, heads_kept=sum(counts),
-        heads_total=cfg.total_heads, neurons_per_layer=widths, neurons_kept=cost.neurons_active,
-        neurons_total=cost.neurons_total, labels=cfg.labels, max_length=max_length, max_position=cfg.max_position,
-        macs_fraction=round(cost.ratio, 4), pad_token_id=cfg.pad_token_id,
+        folder=str(out), budget=budget, precision=precision, heads_per_layer=plan.heads, heads_kept=sum(plan.heads),
+        heads_total=cfg.total_heads, neurons_per_layer=plan.ffn_widths(cfg.intermediate_size),
+        neurons_kept=cost.neurons_active, neurons_total=cost.neurons_total, labels=cfg.labels, max_length=max_length,
+        max_position=cfg.max_position, macs_fraction=round(cost.ratio, 4), pad_token_id=cfg.pad_token_id,
         source_weights_sha256=checkpoint_digest(model_dir), size_bytes=(out / MODEL_FILE).stat().st_size)
-    meta = {k: v for k, v in asdict(record).items() if k != "folder"}
+    (out / META_FILE).write_text(json.dumps(_meta(record, model_dir, cfg), indent=2) + "\n")
+    (out / HF_CONFIG_FILE).write_text(json.dumps(hf_config(cfg), indent=2) + "\n")
+    return record
+
+
+def _standalone_graph(store: WeightStore, cfg: ModelConfig, plan: ExecutionPlan,
+                      precision: Precision) -> onnx.ModelProto:
+    """The engine's graph for ``plan`` with its weights inside, an int64 mask and a stated output shape."""
+    arrays = B.bind(store, cfg, plan, B.SliceCache())
+    model = _int64_mask(standalone(G.build_graph(cfg, plan, precision, arrays), arrays))
+    model.producer_name = "headbudget-export"
+    # The engine's graphs leave the output's shape open; a standalone file states it (the checker wants one).
+    del model.graph.output[:]
+    model.graph.output.append(helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", cfg.n_labels]))
+    onnx.checker.check_model(model)
+    return model
+
+
+def _meta(record: OnnxExport, model_dir: Path, cfg: ModelConfig) -> dict[str, object]:
+    """The metadata file (META_FILE): the export's record and how to feed the graph and read its output."""
+    meta: dict[str, object] = {k: v for k, v in asdict(record).items() if k != "folder"}
     meta |= {
         "source": str(model_dir),
         "inputs": [{"name": "input_ids", "dtype": "int64", "shape": ["batch", "sequence"]},
@@ -144,9 +158,7 @@ def export_onnx(model_dir: Path, budget: float, out: Path, precision: Precision 
         "macs_fraction_note": "multiply-adds of the whole forward pass of one max_length text at this budget, "
                               "as a fraction of the dense model's (attention, feed-forward and classifier matrices)",
     }
-    (out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-    (out / HF_CONFIG_FILE).write_text(json.dumps(hf_config(cfg), indent=2) + "\n")
-    return record
+    return meta
 
 
 def _int64_mask(model: onnx.ModelProto) -> onnx.ModelProto:

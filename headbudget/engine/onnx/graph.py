@@ -359,17 +359,10 @@ def build_dynamic(cfg: ModelConfig, precision: Precision, arrays: Arrays, levels
     bias, shape = g.mask_bias("attention_mask"), g.qkv_shape(bn)
     x = g.embed("input_ids")
     inputs = [_IDS, _MASK]
-    spec = PRECISIONS[precision]
-    wtype = _NP_TO_ONNX[np.dtype(spec.weight_dtype)]
-    info = helper.make_tensor_value_info
     n_layers = cfg.n_layers if depth is None else depth
     for layer in range(n_layers):
         n, last = input_names(layer), layer == n_layers - 1
-        inputs += [] if fed else [info(n.full, TensorProto.BOOL, [])]
-        inputs += [info(n.wqkv, wtype, [None, None]), info(n.bqkv, TensorProto.FLOAT, [None]),
-                   info(n.wo, wtype, [None, cfg.hidden_size])]
-        if spec.quantized:
-            inputs.append(info(n.wqkv_s, TensorProto.FLOAT, [None]))
+        inputs += _attention_inputs(cfg, precision, n, fed)
         att = partial(_Graph.attention, x=x, shape=shape, bias=bias, layer=layer)
         x = att(g, k=None) if fed else _block(
             g, inputs, n.full, partial(att, k=cfg.n_heads), partial(att, k=None),
@@ -379,13 +372,7 @@ def build_dynamic(cfg: ModelConfig, precision: Precision, arrays: Arrays, levels
         if not cfg.ffn_groups:  # attention scope: every neuron, every budget
             x = g.ffn(x, layer, cfg.intermediate_size, last)
             continue
-        inputs += [] if fed else [info(n.ffn_full, TensorProto.BOOL, [])]
-        columns = spec.w1_fed_by_columns
-        inputs += [info(n.w1, wtype, [cfg.hidden_size, None] if columns else [None, cfg.hidden_size]),  # or rows
-                   info(n.b1, TensorProto.FLOAT, [None]), info(n.w2, wtype, [None, cfg.hidden_size])]
-        if spec.quantized:
-            inputs += [info(n.w1_s, TensorProto.FLOAT, [None])]
-            inputs += [] if columns else [info(n.w1_z, TensorProto.INT8, [None])]
+        inputs += _ffn_inputs(cfg, precision, n, fed)
         ffn = partial(_Graph.ffn, x=x, layer=layer, last=last)
         x = ffn(g, w=None) if fed else _block(
             g, inputs, n.ffn_full, partial(ffn, w=cfg.intermediate_size), partial(ffn, w=None),
@@ -393,6 +380,34 @@ def build_dynamic(cfg: ModelConfig, precision: Precision, arrays: Arrays, levels
              for lv in levels.neurons], level_input(layer, 0))
     logits = g.classify(x, bn, "attention_mask", CLASSIFIER if depth is None else exit_head(depth))  # (B, C)
     return _model(g, inputs, {"logits": logits}, arrays)
+
+
+def _attention_inputs(cfg: ModelConfig, precision: Precision, n: InputNames,
+                      fed: bool) -> list[onnx.ValueInfoProto]:
+    """One layer's per-call attention inputs: the flag for its full branch (none in the ``fed`` graph) and the
+    heads fed per call (``dynamic_feeds``)."""
+    spec, info = PRECISIONS[precision], helper.make_tensor_value_info
+    wtype = _NP_TO_ONNX[np.dtype(spec.weight_dtype)]
+    out = [] if fed else [info(n.full, TensorProto.BOOL, [])]
+    out += [info(n.wqkv, wtype, [None, None]), info(n.bqkv, TensorProto.FLOAT, [None]),
+            info(n.wo, wtype, [None, cfg.hidden_size])]
+    if spec.quantized:
+        out.append(info(n.wqkv_s, TensorProto.FLOAT, [None]))
+    return out
+
+
+def _ffn_inputs(cfg: ModelConfig, precision: Precision, n: InputNames, fed: bool) -> list[onnx.ValueInfoProto]:
+    """One layer's per-call feed-forward inputs: the flag for its full branch (none in the ``fed`` graph) and the
+    neurons fed per call, W1 as (D, w) columns or (w, D) rows (``PrecisionSpec.w1_fed_by_columns``)."""
+    spec, info = PRECISIONS[precision], helper.make_tensor_value_info
+    wtype, columns = _NP_TO_ONNX[np.dtype(spec.weight_dtype)], spec.w1_fed_by_columns
+    out = [] if fed else [info(n.ffn_full, TensorProto.BOOL, [])]
+    out += [info(n.w1, wtype, [cfg.hidden_size, None] if columns else [None, cfg.hidden_size]),
+            info(n.b1, TensorProto.FLOAT, [None]), info(n.w2, wtype, [None, cfg.hidden_size])]
+    if spec.quantized:
+        out.append(info(n.w1_s, TensorProto.FLOAT, [None]))
+        out += [] if columns else [info(n.w1_z, TensorProto.INT8, [None])]
+    return out
 
 
 Build = Callable[[_Graph], str]
