@@ -1,8 +1,8 @@
 """A checkpoint's files beside its weights: config.json and the weights' digest, and sweep.json and bench.json
 parsed once (where the engine's model info is built) into typed records.
 
-sweep.json and bench.json are optional files beside a checkpoint's weights, written by ``headbudget eval`` and ``headbudget bench``;
-the service reads only these records. A file that is missing, unreadable or holds no usable point gives None
+sweep.json and bench.json are optional, written by ``headbudget eval`` and ``headbudget bench``; the service reads
+only these records. A file that is missing, unreadable or holds no usable point gives None
 (logged by the caller), never a failed start: they improve the service's estimates and /v1/models, nothing
 depends on them.
 """
@@ -12,22 +12,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from headbudget.engine.errors import ModelLoadError
-from headbudget.models.checkpoint_meta import (
-    CONFIG,
-    WEIGHTS,
-    CheckpointError,
-    model_config,
-    read_config,
-    weights_digest,
-)
-from headbudget.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    from headbudget.models.config import ModelConfig
+
 
 
 def checkpoint_config(folder: Path) -> tuple[dict[str, Any], ModelConfig]:
     """config.json of a checkpoint and its ModelConfig (models.checkpoint_meta), errors as ModelLoadError."""
+    # Imported here: the service imports this module for its records, and models/ only where a checkpoint loads.
+    from headbudget.models.checkpoint_meta import CONFIG, CheckpointError, model_config, read_config
+
     try:
         config = read_config(Path(folder))
         return config, model_config(config, Path(folder) / CONFIG)
@@ -37,6 +35,8 @@ def checkpoint_config(folder: Path) -> tuple[dict[str, Any], ModelConfig]:
 
 def checkpoint_digest(folder: Path) -> str:
     """SHA-256 of model.safetensors (models.checkpoint_meta.weights_digest), errors as ModelLoadError."""
+    from headbudget.models.checkpoint_meta import WEIGHTS, weights_digest
+
     try:
         return weights_digest(Path(folder))
     except OSError as e:
