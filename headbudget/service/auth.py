@@ -80,10 +80,11 @@ def check_budget(tier: TierConfig, budget: float) -> None:
         raise Forbidden(f"budget {budget:g} is above the maximum of tier {tier.name!r}: {tier.max_budget:g}")
 
 
-async def enforce_rate(state: StateStore, state_cfg: StateConfig, metrics: Metrics, caller: Caller) -> None:
+async def enforce_rate(state: StateStore, state_cfg: StateConfig, metrics: Metrics, caller: Caller,
+                       charge_id: str) -> None:
     """429 with Retry-After over the tier's rate; when the store is down, fail open or closed as configured."""
     try:
-        decision = await state.admit(caller.owner, caller.tier.rate_limit, caller.tier.burst, None, 0)
+        decision = await state.admit(caller.owner, caller.tier.rate_limit, caller.tier.burst, None, 0, charge_id)
     except StateUnavailable:
         _state_down(state_cfg, metrics)
         return
@@ -92,14 +93,15 @@ async def enforce_rate(state: StateStore, state_cfg: StateConfig, metrics: Metri
         raise _rate_limited(caller.tier, decision.retry_after_s)
 
 
-async def admit(state: StateStore, state_cfg: StateConfig, metrics: Metrics, caller: Caller, charge: int) -> bool:
+async def admit(state: StateStore, state_cfg: StateConfig, metrics: Metrics, caller: Caller, charge: int,
+                charge_id: str) -> bool:
     """429 with Retry-After over the tier's request rate or its compute quota for a request of ``charge``
     milli-units, both checked in one atomic step (a refused request spends neither); when the store is down, fail
     open or closed as configured. True when ``charge`` was reserved against a quota: the answer then settles it to
     what ran (``StateStore.settle``)."""
     tier, compute = caller.tier, ComputeLimit.of(caller.tier)
     try:
-        decision = await state.admit(caller.owner, tier.rate_limit, tier.burst, compute, charge)
+        decision = await state.admit(caller.owner, tier.rate_limit, tier.burst, compute, charge, charge_id)
     except StateUnavailable:
         _state_down(state_cfg, metrics)
         return False

@@ -8,6 +8,7 @@ from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from headbudget.service.auth import Caller, enforce_rate, identify, presented_key
+from headbudget.service.middleware import new_request_id
 from headbudget.service.runtime import Runtime
 
 # Declared for the OpenAPI document; the raw headers are parsed in ``get_caller`` (a bad scheme is a 401).
@@ -39,7 +40,7 @@ def identify_caller(request: Request, runtime: Runtime) -> Caller:
 async def authenticate(request: Request, runtime: Runtime) -> Caller:
     """Authenticate (401), note the tier for logs and metrics, and apply the rate limit (429)."""
     caller = identify_caller(request, runtime)
-    await enforce_rate(runtime.state, runtime.config.state, runtime.metrics, caller)
+    await enforce_rate(runtime.state, runtime.config.state, runtime.metrics, caller, new_request_id())
     return caller
 
 

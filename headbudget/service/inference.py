@@ -16,6 +16,8 @@ from headbudget.service.auth import Caller, admit, check_budget
 from headbudget.service.compute import Bill, Quote, bill, check_cap, floor_quote, priced_budget, quote, units
 from headbudget.service.errors import BadRequest, ClientGone, InvalidRequest, Unavailable
 from headbudget.service.jobs import Job, JobResult
+from headbudget.service.journal import Entry
+from headbudget.service.middleware import new_request_id
 from headbudget.service.runtime import Runtime
 from headbudget.service.schemas import BudgetSource, ClassifyRequest
 from headbudget.service.settings import AUTO, TierConfig
@@ -180,7 +182,10 @@ async def run(runtime: Runtime, caller: Caller, texts: list[str], choice: Budget
     if admitted is not None:
         check_cap(tier, admitted)
     charge = admitted.total if admitted is not None else 0  # what the quota holds until the answer settles it
-    reserved = await admit(runtime.state, runtime.config.state, runtime.metrics, caller, charge)
+    # The id every write of this request's compute counts under (not the request id: a client may repeat that).
+    charge_id = new_request_id()
+    request.state.charge_id = charge_id
+    reserved = await admit(runtime.state, runtime.config.state, runtime.metrics, caller, charge, charge_id)
     try:
         if admitted is not None and not admitted.exact:  # admitted: now the exact price, tokenized once
             priced = await price(runtime, tier, texts, choice)
@@ -194,37 +199,44 @@ async def run(runtime: Runtime, caller: Caller, texts: list[str], choice: Budget
             raise
     except BaseException:
         if reserved:  # refused or failed by the server: not the key's compute
-            await _settle(runtime, caller, -charge)
+            await _settle(runtime, caller, -charge, charge_id)
         raise
     charged = bill(runtime.unit, result.predictions)
     if reserved and charged.total != charge:  # degraded, auto, or a type that chose fewer heads: what ran
-        await _settle(runtime, caller, charged.total - charge)
+        await _settle(runtime, caller, charged.total - charge, charge_id)
     applied = text_budgets(result)
     runtime.metrics.observe_answer(tier.name, [p.cost for p in result.predictions], result.degraded)
     runtime.metrics.observe_charge(tier.name, caller.name, units(charged.total), units(charged.saved))
-    await _record_usage(runtime, caller, len(texts), charged)
+    await _record_usage(runtime, caller, len(texts), charged, charge_id)
     await _remember(runtime, request.state.request_id, caller, result, applied)
     _annotate(request, choice, result, len(texts), charged)
     return Answered(result, charged, applied)
 
 
-async def _record_usage(runtime: Runtime, caller: Caller, n_texts: int, charged: Bill) -> None:
+async def _record_usage(runtime: Runtime, caller: Caller, n_texts: int, charged: Bill, charge_id: str) -> None:
     usage = Usage(units=charged.total, requests=1, texts=n_texts, tokens=charged.tokens, saved=charged.saved)
+    row = UsageRow(utc_day(), caller.owner, caller.name, caller.tier.name, usage)
     try:
-        await runtime.state.record_usage(UsageRow(utc_day(), caller.owner, caller.name, caller.tier.name, usage))
-    except StateUnavailable as e:  # the answer stands; its usage is missing from the store (and logged)
+        await runtime.state.record_usage(row, charge_id)
+        return
+    except StateUnavailable as e:  # the answer stands; its usage waits in the journal for the store
         runtime.metrics.state_errors.labels(operation="usage").inc()
         runtime.metrics.set_state_up(False)
-        log.warning("could not record usage of key %s: %s compute units, %d texts: %s", caller.name,
-                    units(charged.total), n_texts, e)
+        reason = str(e)
+    journal = runtime.journal
+    if journal is not None and await asyncio.to_thread(journal.append, Entry(charge_id, row)):
+        return
+    log.error("usage of key %s lost (%s): charge %s, %s compute units, %d texts: %s", caller.name,
+              "journal full" if journal is not None else "no journal_dir", charge_id, units(charged.total),
+              n_texts, reason)
 
 
-async def _settle(runtime: Runtime, caller: Caller, delta: int) -> None:
+async def _settle(runtime: Runtime, caller: Caller, delta: int, charge_id: str) -> None:
     compute = ComputeLimit.of(caller.tier)
     if compute is None:  # the tier's quota went away in a reload meanwhile
         return
     try:
-        await runtime.state.settle(caller.owner, compute, delta)
+        await runtime.state.settle(caller.owner, compute, delta, charge_id)
     except StateUnavailable as e:  # the answer stands; the quota keeps what was reserved
         runtime.metrics.state_errors.labels(operation="settle").inc()
         runtime.metrics.set_state_up(False)

@@ -121,7 +121,7 @@ class RequestContextMiddleware:
             "latency_ms": round(seconds * 1000, 3), "client": client[0] if client else None,
         }
         for extra in ("budget_requested", "budget_applied", "budget_source", "degraded", "n_texts", "queue_ms",
-                      "charge", "error_code"):
+                      "charge", "charge_id", "error_code"):
             if extra in state:
                 fields[extra] = state[extra]
         log_access(fields, quiet=quiet)

@@ -3,7 +3,10 @@ billing, feedback found by any worker."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -11,9 +14,11 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from headbudget.service.settings import StateConfig
 from headbudget.service.state import (
+    DONE_TTL_S,
     Admission,
     AlreadyReported,
     AnswerNotFound,
@@ -28,6 +33,7 @@ from headbudget.service.state import (
 )
 
 PREFIX = "headbudget:"
+log = logging.getLogger("headbudget.service")
 
 # Redis's clock, and a compute level drained to now (state.drained): the prelude of every quota script.
 _QUOTA_PRELUDE = """
@@ -47,8 +53,15 @@ end
 # the charge, in integers: a level of L milli-units is kept as L * 60000 and drains by per_minute a millisecond,
 # state.PER_MINUTE_MS) in one atomic step: both are spent if both pass, neither otherwise. Lua numbers are doubles: exact below 2**53, which the
 # settings' bounds keep them under. ARGV: interval, tolerance, has_compute, per_minute, burst, charge.
-# Returns {allowed, rate retry ms, compute retry ms}.
+# Returns {allowed, rate retry ms, compute retry ms}. KEYS[3] keeps the decision for the charge's id (ARGV[7] ms):
+# the same admission asked again (its reply was lost) gets the first decision and spends nothing.
 _ADMIT = _QUOTA_PRELUDE + """
+local first = redis.call('GET', KEYS[3])
+if first then return cjson.decode(first) end
+local function decided(d)
+  redis.call('SET', KEYS[3], cjson.encode(d), 'PX', ARGV[7])
+  return d
+end
 local interval = tonumber(ARGV[1])
 local tat = tonumber(redis.call('GET', KEYS[1]))
 if tat == nil or tat < now then tat = now end
@@ -61,18 +74,20 @@ if ARGV[3] == '1' then
   local cap = tonumber(ARGV[5]) * 60000
   if level > cap then compute_retry = math.ceil((level - cap) / rate) end
 end
-if rate_retry > 0 or compute_retry > 0 then return {0, rate_retry, compute_retry} end
+if rate_retry > 0 or compute_retry > 0 then return decided({0, rate_retry, compute_retry}) end
 local new_tat = tat + interval
 redis.call('SET', KEYS[1], string.format('%.6f', new_tat), 'PX', math.ceil((new_tat - now) * 1000) + 1000)
 if ARGV[3] == '1' then
   redis.call('HSET', KEYS[2], 't', string.format('%.0f', now_ms), 'level', string.format('%.0f', level))
   redis.call('PEXPIRE', KEYS[2], string.format('%.0f', math.ceil(level / rate) + 60000))
 end
-return {1, 0, 0}
+return decided({1, 0, 0})
 """
 
-# Correct an admitted charge: ARGV per_minute, delta (milli-units; negative: a refund, down to empty).
+# Correct an admitted charge: ARGV per_minute, delta (milli-units; negative: a refund, down to empty), once per
+# charge id (KEYS[2], kept ARGV[3] ms).
 _SETTLE = _QUOTA_PRELUDE + """
+if not redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[3]) then return 0 end
 local rate = tonumber(ARGV[1])
 local level = math.max(0, drained(KEYS[1], rate) + tonumber(ARGV[2]) * 60000)
 redis.call('HSET', KEYS[1], 't', string.format('%.0f', now_ms), 'level', string.format('%.0f', level))
@@ -93,6 +108,22 @@ if ARGV[3] == '1' then
   compute = math.max(0, tonumber(ARGV[5]) - math.ceil(level / 60000))
 end
 return {requests, compute}
+"""
+
+# One answered request's usage, once per charge id (KEYS[1], kept ARGV[1] ms): the key's day in its tier and its
+# all-time hashes (KEYS[2], KEYS[3]), and the indexes `headbudget usage` lists by: the day's rows (KEYS[4]), the key's
+# tiers that day (KEYS[5]), the days (KEYS[6]). ARGV: ttl ms, name, tier, row member, day, day score, then field and
+# value pairs. Returns 1 when it counted, 0 when the id had been counted.
+_USAGE = """
+if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then return 0 end
+for k = 2, 3 do
+  for i = 7, #ARGV, 2 do redis.call('HINCRBY', KEYS[k], ARGV[i], ARGV[i + 1]) end
+  redis.call('HSET', KEYS[k], 'name', ARGV[2], 'tier', ARGV[3])
+end
+redis.call('SADD', KEYS[4], ARGV[4])
+redis.call('SADD', KEYS[5], ARGV[3])
+redis.call('ZADD', KEYS[6], ARGV[6], ARGV[5])
+return 1
 """
 
 # Push one outcome to a capped list and return {correct, total} over the window.
@@ -120,6 +151,11 @@ def _day_score(day: str) -> int:
     return int(day.replace("-", ""))
 
 
+# A write that counts compute is sent again when its reply does not come in time: it carries its charge's id, so a
+# write that had landed counts once. The pauses before each further try, in seconds.
+_RETRY_PAUSES_S = (0.05, 0.2)
+
+
 class RedisState:
     """State in Redis; every operation raises StateUnavailable when Redis cannot be reached in time."""
 
@@ -128,8 +164,8 @@ class RedisState:
     def __init__(self, config: StateConfig, client: Any = None) -> None:
         self._config = config
         # One retry, on a closed connection only: after Redis restarts, every pooled connection is closed and its
-        # next command would fail (a lost usage record, a request let through or refused). A timeout is not
-        # retried: the command may have run, and a retry could count it twice.
+        # next command would fail. A timeout is not retried here: the command may have run. Writes that count
+        # compute are sent again by ``_again``, which their charge ids make safe.
         self._redis: Any = client or aioredis.Redis.from_url(
             config.redis_url, socket_timeout=config.redis_timeout_s,
             socket_connect_timeout=config.redis_timeout_s,
@@ -138,26 +174,38 @@ class RedisState:
         self._admit = self._redis.register_script(_ADMIT)
         self._settle = self._redis.register_script(_SETTLE)
         self._left = self._redis.register_script(_LEFT)
+        self._usage = self._redis.register_script(_USAGE)
+        self._done_ms = int(DONE_TTL_S * 1000)
+
+    async def _again(self, write: Callable[[], Awaitable[Any]]) -> Any:
+        """Run a write that counts once however often it is sent (by its charge id, or as a plain SET), sending it
+        again while its reply is late."""
+        for pause in (*_RETRY_PAUSES_S, None):
+            try:
+                return await write()
+            except RedisTimeoutError as e:  # a refused or dropped connection: Redis is away, the journal takes it
+                if pause is None:
+                    raise StateUnavailable(f"redis: {e}") from None
+                log.info("redis: %s; sending the write again", e)
+                await asyncio.sleep(pause)
+            except (RedisError, OSError) as e:
+                raise StateUnavailable(f"redis: {e}") from None
 
     async def admit(self, bucket: str, per_minute: float, burst: int, compute: ComputeLimit | None,
-                    charge: int) -> Admission:
+                    charge: int, charge_id: str) -> Admission:
         interval = 60.0 / per_minute
         args: list[str | int] = [repr(interval), repr((burst - 1) * interval), "1" if compute else "0",
-                                 compute.per_minute if compute else 0, compute.burst if compute else 0, charge]
-        try:
-            allowed, rate_ms, compute_ms = await self._admit(
-                keys=[f"{PREFIX}rate:{bucket}", f"{PREFIX}compute:{bucket}"], args=args)
-        except (RedisError, OSError) as e:
-            raise StateUnavailable(f"redis: {e}") from None
+                                 compute.per_minute if compute else 0, compute.burst if compute else 0, charge,
+                                 self._done_ms]
+        keys = [f"{PREFIX}rate:{bucket}", f"{PREFIX}compute:{bucket}", f"{PREFIX}done:admit:{charge_id}"]
+        allowed, rate_ms, compute_ms = await self._again(lambda: self._admit(keys=keys, args=args))
         if int(allowed):
             return Admission(True)
         return refusal(int(rate_ms) / 1000.0, int(compute_ms) / 1000.0)
 
-    async def settle(self, bucket: str, compute: ComputeLimit, delta: int) -> None:
-        try:
-            await self._settle(keys=[f"{PREFIX}compute:{bucket}"], args=[compute.per_minute, delta])
-        except (RedisError, OSError) as e:
-            raise StateUnavailable(f"redis: {e}") from None
+    async def settle(self, bucket: str, compute: ComputeLimit, delta: int, charge_id: str) -> None:
+        keys = [f"{PREFIX}compute:{bucket}", f"{PREFIX}done:settle:{charge_id}"]
+        await self._again(lambda: self._settle(keys=keys, args=[compute.per_minute, delta, self._done_ms]))
 
     async def quota_left(self, bucket: str, per_minute: float, burst: int,
                          compute: ComputeLimit | None) -> QuotaLeft:
@@ -170,19 +218,24 @@ class RedisState:
             raise StateUnavailable(f"redis: {e}") from None
         return QuotaLeft(int(requests), int(left) if compute else None)
 
-    async def record_usage(self, row: UsageRow) -> None:
-        # One transaction: the key's day (in its tier) and all-time hashes, and the indexes `headbudget usage`
-        # lists by: a key moved between tiers keeps a row per tier.
+    async def record_usage(self, row: UsageRow, charge_id: str) -> bool:
+        # A key moved between tiers keeps a row per tier.
+        keys = [f"{PREFIX}done:usage:{charge_id}", _usage_key(row.day, row.owner, row.tier),
+                f"{PREFIX}usage:total:{row.owner}", f"{PREFIX}usage:rows:{row.day}", _tiers_key(row.day, row.owner),
+                f"{PREFIX}usage:days"]
+        args: list[Any] = [self._done_ms, row.name, row.tier, json.dumps([row.owner, row.tier]), row.day,
+                           _day_score(row.day)]
+        for field, value in row.usage.fields().items():
+            args += [field, value]
+        return bool(int(await self._again(lambda: self._usage(keys=keys, args=args))))
+
+    async def counted(self, charge_ids: list[str]) -> list[bool]:
+        """Which of ``charge_ids`` have their usage in the store (within DONE_TTL_S of being counted)."""
         try:
-            async with self._redis.pipeline(transaction=True) as pipe:
-                for key in (_usage_key(row.day, row.owner, row.tier), f"{PREFIX}usage:total:{row.owner}"):
-                    for field, value in row.usage.fields().items():
-                        pipe.hincrby(key, field, value)
-                    pipe.hset(key, mapping={"name": row.name, "tier": row.tier})
-                pipe.sadd(f"{PREFIX}usage:rows:{row.day}", json.dumps([row.owner, row.tier]))
-                pipe.sadd(_tiers_key(row.day, row.owner), row.tier)
-                pipe.zadd(f"{PREFIX}usage:days", {row.day: _day_score(row.day)})
-                await pipe.execute()
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for charge_id in charge_ids:
+                    pipe.exists(f"{PREFIX}done:usage:{charge_id}")
+                return [bool(n) for n in await pipe.execute()] if charge_ids else []
         except (RedisError, OSError) as e:
             raise StateUnavailable(f"redis: {e}") from None
 
@@ -224,11 +277,8 @@ class RedisState:
 
     async def remember(self, request_id: str, record: AnswerRecord) -> None:
         ttl_ms = int(self._config.feedback_ttl_s * 1000)
-        try:
-            key = answer_key(record.owner, request_id)
-            await self._redis.set(f"{PREFIX}answer:{key}", json.dumps(record.to_dict()), px=ttl_ms)
-        except (RedisError, OSError) as e:
-            raise StateUnavailable(f"redis: {e}") from None
+        key, value = f"{PREFIX}answer:{answer_key(record.owner, request_id)}", json.dumps(record.to_dict())
+        await self._again(lambda: self._redis.set(key, value, px=ttl_ms))
 
     async def claim(self, request_id: str, owner: str, index: int) -> AnswerRecord:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -10,6 +11,7 @@ from headbudget.engine.protocol import Engine
 from headbudget.engine.types import ModelInfo
 from headbudget.service.batching import Batcher
 from headbudget.service.compute import ComputeUnit
+from headbudget.service.journal import UsageJournal, replay_while_running
 from headbudget.service.metrics import Metrics
 from headbudget.service.settings import ConfigError, ServiceConfig, load_config
 from headbudget.service.state import StateStore
@@ -37,6 +39,9 @@ class Runtime:
         self.grid_depth: dict[float, int] = {}  # grid budget -> layers run, where the plan stops at an exit
         self.draining = False
         self.state_ok = True
+        folder = config.state.journal_dir
+        self.journal = UsageJournal(Path(folder), config.state.journal_max_bytes) if folder else None
+        self._replays: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Load and warm the model; refuse (ConfigError) a config it cannot serve; publish offline accuracy."""
@@ -61,11 +66,16 @@ class Runtime:
         self.metrics.declare_tiers(self.config.tiers)
         self.state_ok = await self.state.ping()
         self.metrics.set_state_up(self.state_ok)
+        if self.journal is not None:  # what this or an earlier process could not record goes to the store
+            self._replays = asyncio.create_task(replay_while_running(self.journal, self.state))
 
     async def stop(self) -> None:
         """Finish queued work, close the engine and the state store."""
         self.draining = True
         await self.batcher.stop()
+        if self._replays is not None:
+            self._replays.cancel()
+            await asyncio.gather(self._replays, return_exceptions=True)
         await self.state.close()
 
     def budget_grid(self) -> list[float]:

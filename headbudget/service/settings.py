@@ -203,6 +203,10 @@ class StateConfig(_Strict):
     feedback_ttl_s: Annotated[float, Field(gt=0)] = 86_400.0  # how long answers can receive feedback
     feedback_max_entries: Annotated[int, Field(ge=1)] = 100_000  # per worker in memory
     accuracy_window: Annotated[int, Field(ge=1)] = 1000  # feedbacks per budget in the online accuracy
+    # Where answered usage waits while Redis does not take it (service/journal.py); "" keeps none, and such usage
+    # is logged as lost. Shared by the workers of a replica: on a volume that outlives the process.
+    journal_dir: str = ""
+    journal_max_bytes: Annotated[int, Field(ge=4096)] = 64 * 1024 * 1024  # per process file
 
 
 class MetricsConfig(_Strict):

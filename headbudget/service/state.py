@@ -5,6 +5,10 @@ between workers and replicas. Rate limits use GCRA (the generic cell rate algori
 exact, with a burst allowance); compute quotas are the same algorithm weighted by each request's charge, in
 integers (milli-units and milliseconds), so that a key is admitted up to its quota exactly; a request is admitted
 only if both pass, in one atomic step. Feedback matches a request id to the answer given, once per text.
+
+Every write that counts compute (an admission, a settlement, a usage record) carries the id of the charge it
+belongs to and counts once per id, so that a write whose reply was lost can be sent again (docs/operations.md,
+'Usage and billing').
 """
 
 from __future__ import annotations
@@ -70,6 +74,10 @@ class QuotaLeft:
     requests: int
     compute: int | None  # milli-units; None without a compute quota
 
+
+# How many write ids a store remembers (Redis: for DONE_TTL_S): a write repeated after that would count twice.
+_DONE_KEPT = 200_000
+DONE_TTL_S = 7 * 86_400
 
 # A compute level of L milli-units is kept as L * PER_MINUTE_MS, which drains by per_minute every millisecond:
 # integers throughout, whatever the rate, so that a reload that changes the rate keeps the level.
@@ -177,13 +185,15 @@ class StateStore(Protocol):
     kind: str  # "memory" or "redis", for /readyz
 
     async def admit(self, bucket: str, per_minute: float, burst: int, compute: ComputeLimit | None,
-                    charge: int) -> Admission:
+                    charge: int, charge_id: str) -> Admission:
         """One request of ``charge`` milli-units against ``bucket``'s request rate and compute quota, in one atomic
-        step: both are spent if both pass, neither otherwise."""
+        step: both are spent if both pass, neither otherwise. Asked again with the same ``charge_id``, it spends
+        nothing and gives the first decision."""
         ...
 
-    async def settle(self, bucket: str, compute: ComputeLimit, delta: int) -> None:
-        """Correct an admitted charge by ``delta`` milli-units (negative: a refund, down to an empty quota)."""
+    async def settle(self, bucket: str, compute: ComputeLimit, delta: int, charge_id: str) -> None:
+        """Correct an admitted charge by ``delta`` milli-units (negative: a refund, down to an empty quota), once
+        per ``charge_id``."""
         ...
 
     async def quota_left(self, bucket: str, per_minute: float, burst: int,
@@ -191,12 +201,17 @@ class StateStore(Protocol):
         """What ``bucket`` could spend at once now (nothing is spent)."""
         ...
 
-    async def record_usage(self, row: UsageRow) -> None:
-        """Add one answered request's usage to its key's day and all-time total."""
+    async def record_usage(self, row: UsageRow, charge_id: str) -> bool:
+        """Add one answered request's usage to its key's day and all-time total, once per ``charge_id``: True when
+        this call added it, False when it was already there."""
         ...
 
     async def usage_of(self, owner: str, day: str) -> tuple[Usage, Usage]:
         """``owner``'s usage on ``day`` and in all (zeros when it has none)."""
+        ...
+
+    async def counted(self, charge_ids: list[str]) -> list[bool]:
+        """Which of ``charge_ids`` have their usage in the store (remembered for DONE_TTL_S)."""
         ...
 
     async def remember(self, request_id: str, record: AnswerRecord) -> None:
@@ -259,12 +274,31 @@ class MemoryState:
         self._windows: dict[str, deque[bool]] = {}
         self._usage: dict[tuple[str, str], dict[str, UsageRow]] = {}  # (day, owner) -> tier -> usage; this worker's
         self._totals: dict[str, Usage] = {}
+        self._done: OrderedDict[str, Admission | None] = OrderedDict()  # write id -> its answer, oldest first
+
+    def _first(self, write_id: str, answer: Admission | None = None) -> bool:
+        """Whether ``write_id`` is new (then remember it, with ``answer`` for an admission)."""
+        if write_id in self._done:
+            return False
+        self._done[write_id] = answer
+        while len(self._done) > _DONE_KEPT:
+            self._done.popitem(last=False)
+        return True
 
     def _now_ms(self) -> int:
         return math.floor(float(self._clock()) * 1000)
 
     async def admit(self, bucket: str, per_minute: float, burst: int, compute: ComputeLimit | None,
-                    charge: int) -> Admission:
+                    charge: int, charge_id: str) -> Admission:
+        first = self._done.get(f"admit:{charge_id}")
+        if first is not None:
+            return first
+        decision = self._admit(bucket, per_minute, burst, compute, charge)
+        self._first(f"admit:{charge_id}", decision)
+        return decision
+
+    def _admit(self, bucket: str, per_minute: float, burst: int, compute: ComputeLimit | None,
+               charge: int) -> Admission:
         now = self._clock()
         rate_ok, tat, rate_retry = gcra(self._tats.get(bucket), now, per_minute, burst)
         compute_ok, level, compute_retry_ms = True, 0, 0
@@ -282,7 +316,9 @@ class MemoryState:
             self._levels = {k: v for k, v in self._levels.items() if v[1] > now_ms - v[0]}
         return Admission(True)
 
-    async def settle(self, bucket: str, compute: ComputeLimit, delta: int) -> None:
+    async def settle(self, bucket: str, compute: ComputeLimit, delta: int, charge_id: str) -> None:
+        if not self._first(f"settle:{charge_id}"):
+            return
         now_ms = self._now_ms()
         level = drained(self._levels.get(bucket), now_ms, compute)
         self._levels[bucket] = (now_ms, max(0, level + delta * PER_MINUTE_MS))
@@ -295,7 +331,9 @@ class MemoryState:
         level = drained(self._levels.get(bucket), self._now_ms(), compute)
         return QuotaLeft(requests, max(0, compute.burst - -(-level // PER_MINUTE_MS)))
 
-    async def record_usage(self, row: UsageRow) -> None:
+    async def record_usage(self, row: UsageRow, charge_id: str) -> bool:
+        if not self._first(f"usage:{charge_id}"):
+            return False
         tiers = self._usage.setdefault((row.day, row.owner), {})  # a key moved between tiers keeps a row per tier
         old = tiers.get(row.tier)
         tiers[row.tier] = UsageRow(row.day, row.owner, row.name, row.tier,
@@ -307,6 +345,10 @@ class MemoryState:
         if len(self._totals) > 100_000:
             for owner in list(self._totals)[:len(self._totals) // 10]:
                 del self._totals[owner]
+        return True
+
+    async def counted(self, charge_ids: list[str]) -> list[bool]:
+        return [f"usage:{i}" in self._done for i in charge_ids]
 
     async def usage_of(self, owner: str, day: str) -> tuple[Usage, Usage]:
         today = Usage()

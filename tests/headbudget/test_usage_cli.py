@@ -17,7 +17,7 @@ from headbudget.service.auth import hash_key
 from headbudget.service.redis_state import RedisState
 from headbudget.service.settings import StateConfig
 from headbudget.service.state import Usage, UsageRow
-from tests.service.conftest import KEYS, config_dict, redis_process, toml_of
+from tests.service.conftest import KEYS, cid, config_dict, redis_process, toml_of
 
 ALICE, BOB = hash_key(KEYS["cheap"])[:16], hash_key(KEYS["quality"])[:16]
 
@@ -36,9 +36,9 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             s = RedisState(StateConfig(redis_url=url))
             await s._redis.flushdb()
             for day in ("2026-03-01", "2026-03-02", "2026-03-03"):
-                await s.record_usage(UsageRow(day, ALICE, "test-cheap", "cheap", Usage(1234, 2, 3, 40, 567)))
-                await s.record_usage(UsageRow(day, BOB, "test-quality", "quality", Usage(1000, 1, 1, 10, 0)))
-            await s.record_usage(UsageRow("2026-03-02", "0" * 16, "gone", "cheap", Usage(1, 1, 1, 1, 0)))
+                await s.record_usage(UsageRow(day, ALICE, "test-cheap", "cheap", Usage(1234, 2, 3, 40, 567)), cid())
+                await s.record_usage(UsageRow(day, BOB, "test-quality", "quality", Usage(1000, 1, 1, 10, 0)), cid())
+            await s.record_usage(UsageRow("2026-03-02", "0" * 16, "gone", "cheap", Usage(1, 1, 1, 1, 0)), cid())
             await s.close()
 
         asyncio.run(fill())

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,11 @@ def headers(tier: str = "balanced") -> dict[str, str]:
 
 
 # -- real processes ----------------------------------------------------------------------------------------
+def cid() -> str:
+    """A fresh charge id: what every compute write of one request counts under."""
+    return uuid.uuid4().hex
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))

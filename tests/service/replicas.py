@@ -33,7 +33,8 @@ def need(exe: str, package: str) -> str:
 
 class RedisServer:
     """A redis-server on a fixed free port that can be stopped and started again on that port. It keeps an
-    append-only file synced on every write, as a store that holds billing records must."""
+    append-only file synced on every write, as a store that holds billing records must, and takes DEBUG SLEEP
+    from loopback (a Redis too busy to answer in time)."""
 
     def __init__(self, folder: Path) -> None:
         self.exe = need("redis-server", "redis-server")
@@ -47,7 +48,7 @@ class RedisServer:
         with open(log, "ab") as f:
             self.proc = subprocess.Popen(
                 [self.exe, "--bind", HOST, "--port", str(self.port), "--save", "", "--appendonly", "yes",
-                 "--appendfsync", "always", "--dir", str(self.folder)],
+                 "--appendfsync", "always", "--dir", str(self.folder), "--enable-debug-command", "local"],
                 stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
         wait_until(self.ping, 20, "redis-server", self.proc, log)
 
@@ -207,8 +208,9 @@ def cluster(model: Path, config_text: str, closed_text: str, tmp: Path) -> Any:
     redis = RedisServer(tmp / "redis")
     need("haproxy", "haproxy")
     config, closed_config = tmp / "service.toml", tmp / "service-closed.toml"
-    config.write_text(config_text.replace("@REDIS@", redis.url))
-    closed_config.write_text(closed_text.replace("@REDIS@", redis.url))
+    journal = str(tmp / "journal")  # the replicas' shared volume
+    config.write_text(config_text.replace("@REDIS@", redis.url).replace("@JOURNAL@", journal))
+    closed_config.write_text(closed_text.replace("@REDIS@", redis.url).replace("@JOURNAL@", journal))
     replicas = [Replica(name, free_port(), tmp / name) for name in ("a", "b")]
     closed = Replica("closed", free_port(), tmp / "closed")
     c = Cluster(model, config, closed_config, redis, replicas, closed, Haproxy(tmp / "haproxy", replicas))

@@ -22,6 +22,7 @@ from headbudget.service.settings import ConfigError, StateConfig, parse_config
 from headbudget.service.state import PER_MINUTE_MS, ComputeLimit, MemoryState, StateStore
 from tests.service.conftest import (
     KEYS,
+    cid,
     config_dict,
     first_then_queued,
     headers,
@@ -41,35 +42,35 @@ SLOW = ComputeLimit(per_minute=1, burst=10_000)  # refills one milli-unit a minu
 
 
 async def test_admits_exactly_up_to_the_quota(store: StateStore) -> None:
-    got = [await store.admit("k", 6000, 100, SLOW, 3000) for _ in range(4)]
+    got = [await store.admit("k", 6000, 100, SLOW, 3000, cid()) for _ in range(4)]
     assert [a.allowed for a in got] == [True, True, True, False]
     refused = got[-1]
     # 12,000 asked of 10,000: the 2,000 milli-units over refill in 2,000 minutes
     assert refused.refused_by == "compute" and refused.retry_after_s == pytest.approx(2000 * 60, abs=1)
-    assert (await store.admit("k", 6000, 100, SLOW, 1000)).allowed  # what is left still fits, to the milli-unit
-    assert not (await store.admit("k", 6000, 100, SLOW, 1)).allowed
-    assert (await store.admit("other", 6000, 100, SLOW, 10_000)).allowed  # keys do not share a quota
+    assert (await store.admit("k", 6000, 100, SLOW, 1000, cid())).allowed  # what is left still fits, to the milli-unit
+    assert not (await store.admit("k", 6000, 100, SLOW, 1, cid())).allowed
+    assert (await store.admit("other", 6000, 100, SLOW, 10_000, cid())).allowed  # keys do not share a quota
     assert (await store.quota_left("k", 6000, 100, SLOW)).compute == 0
 
 
 async def test_a_refused_request_spends_neither_the_rate_nor_the_quota(store: StateStore) -> None:
-    assert (await store.admit("k", 60, 2, SLOW, 9000)).allowed
-    over = await store.admit("k", 60, 2, SLOW, 2000)  # the rate would pass; the quota does not
+    assert (await store.admit("k", 60, 2, SLOW, 9000, cid())).allowed
+    over = await store.admit("k", 60, 2, SLOW, 2000, cid())  # the rate would pass; the quota does not
     assert not over.allowed and over.refused_by == "compute"
     assert (await store.quota_left("k", 60, 2, SLOW)).requests == 1  # the refused request used no rate
-    assert (await store.admit("k", 60, 2, SLOW, 500)).allowed
-    rate = await store.admit("k", 60, 2, SLOW, 100)  # the quota would pass; the rate (burst 2) does not
+    assert (await store.admit("k", 60, 2, SLOW, 500, cid())).allowed
+    rate = await store.admit("k", 60, 2, SLOW, 100, cid())  # the quota would pass; the rate (burst 2) does not
     assert not rate.allowed and rate.refused_by == "rate" and 0 < rate.retry_after_s <= 1.01
     assert (await store.quota_left("k", 60, 2, SLOW)).compute == 500  # the refused request used no compute
 
 
 async def test_settling_corrects_the_charge_down_to_an_empty_quota(store: StateStore) -> None:
-    assert (await store.admit("k", 6000, 100, SLOW, 8000)).allowed
-    await store.settle("k", SLOW, -5000)  # a degraded answer ran 3,000 of the 8,000 reserved
+    assert (await store.admit("k", 6000, 100, SLOW, 8000, cid())).allowed
+    await store.settle("k", SLOW, -5000, cid())  # a degraded answer ran 3,000 of the 8,000 reserved
     assert (await store.quota_left("k", 6000, 100, SLOW)).compute == 7000
-    await store.settle("k", SLOW, -50_000)
+    await store.settle("k", SLOW, -50_000, cid())
     assert (await store.quota_left("k", 6000, 100, SLOW)).compute == 10_000
-    await store.settle("k", SLOW, 4000)  # ran more than reserved: charged
+    await store.settle("k", SLOW, 4000, cid())  # ran more than reserved: charged
     assert (await store.quota_left("k", 6000, 100, SLOW)).compute == 6000
 
 
@@ -77,20 +78,20 @@ async def test_the_quota_refills_at_its_rate() -> None:
     now = [1000.0]
     s = MemoryState(StateConfig(), clock=lambda: now[0])
     limit = ComputeLimit(per_minute=60_000, burst=3000)  # 1,000 milli-units a second
-    assert (await s.admit("k", 6000, 100, limit, 3000)).allowed
-    refused = await s.admit("k", 6000, 100, limit, 2000)
+    assert (await s.admit("k", 6000, 100, limit, 3000, cid())).allowed
+    refused = await s.admit("k", 6000, 100, limit, 2000, cid())
     assert not refused.allowed and refused.retry_after_s == pytest.approx(2.0)
     now[0] += 1.999
-    assert not (await s.admit("k", 6000, 100, limit, 2000)).allowed
+    assert not (await s.admit("k", 6000, 100, limit, 2000, cid())).allowed
     now[0] += 0.001
-    assert (await s.admit("k", 6000, 100, limit, 2000)).allowed
+    assert (await s.admit("k", 6000, 100, limit, 2000, cid())).allowed
     assert PER_MINUTE_MS == 60_000
 
 
 async def test_redis_admission_is_exact_between_clients(redis_url: str) -> None:
     a, b = (RedisState(StateConfig(redis_url=redis_url)) for _ in range(2))
     await a._redis.flushdb()
-    got = await asyncio.gather(*[(a if i % 2 else b).admit("shared", 6000, 100, SLOW, 700) for i in range(30)])
+    got = await asyncio.gather(*[(a if i % 2 else b).admit("shared", 6000, 100, SLOW, 700, cid()) for i in range(30)])
     assert [g.allowed for g in got].count(True) == 10_000 // 700  # 14, and 14 x 700 = 9,800 <= 10,000 < 10,500
     await a.close()
     await b.close()

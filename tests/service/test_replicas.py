@@ -11,6 +11,7 @@ import asyncio
 import json
 import math
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -23,12 +24,14 @@ import httpx
 import pytest
 
 from headbudget.service.auth import hash_key
+from headbudget.service.journal import UsageJournal
 from headbudget.service.redis_state import RedisState
 from headbudget.service.settings import StateConfig
 from headbudget.service.state import StateUnavailable, Usage, UsageRow
 from tests.service.conftest import (
     KEYS,
     charge_of,
+    cid,
     config_dict,
     service_env,
     toml_of,
@@ -38,10 +41,11 @@ from tests.service.replicas import Cluster, RedisServer, Replica, cluster
 from tests.service.test_api import sample
 
 KEY = {"small": "hb_test_replica_small_key_00000000000", "large": "hb_test_replica_large_key_00000000000",
-       "kill": "hb_test_replica_kill_key_000000000000", "redis": "hb_test_replica_redis_key_00000000000"}
+       "kill": "hb_test_replica_kill_key_000000000000", "redis": "hb_test_replica_redis_key_00000000000",
+       "busy": "hb_test_replica_busy_key_000000000000"}
 TEXT = " ".join(["word"] * 20)  # 22 tokens on the real tokenizer
 SMALL_Q, LARGE_Q = 100.0, 500.0  # units a quota key may spend; they refill by 1 milli-unit a minute
-LOST = re.compile(r"could not record usage of key (\S+): ([0-9.]+) compute units, \d+ texts: (.*)")
+LOST = re.compile(r"usage of key (\S+) lost \((.*)\): charge \S+, ([0-9.]+) compute units")
 
 
 def replica_config(on_error: str) -> str:
@@ -57,8 +61,9 @@ def replica_config(on_error: str) -> str:
     d["tiers"]["bulk"] = {"default_budget": 0.5, "max_budget": 1.0, "rate_limit": 600_000, "burst": 1000,
                           "max_queue": 256, "compute_per_minute": 10_000_000, "compute_burst": 1_000_000}
     d["keys"] += [{"sha256": hash_key(KEY[n]), "tier": t, "name": f"replica-{n}"}
-                  for n, t in (("small", "small"), ("large", "large"), ("kill", "bulk"), ("redis", "bulk"))]
-    d["state"] = {"redis_url": "@REDIS@", "on_error": on_error}
+                  for n, t in (("small", "small"), ("large", "large"), ("kill", "bulk"), ("redis", "bulk"),
+                               ("busy", "bulk"))]
+    d["state"] = {"redis_url": "@REDIS@", "on_error": on_error, "journal_dir": "@JOURNAL@"}
     return toml_of(d)
 
 
@@ -97,14 +102,24 @@ def served(replica: Replica, key_name: str) -> dict[str, int]:
 def lost_usage(replica: Replica, key_name: str) -> list[tuple[int, str]]:
     """(charge in milli-units, why) of the answers whose usage the replica logged it could not record."""
     found = (LOST.search(str(r.get("msg", ""))) for r in replica.records())
-    return [(milli(m.group(2)), m.group(3)) for m in found if m is not None and m.group(1) == key_name]
+    return [(milli(m.group(3)), m.group(2)) for m in found if m is not None and m.group(1) == key_name]
 
 
 def store_errors_since(replicas: list[Replica], since: float) -> list[str]:
     """The warnings about the state store the replicas logged from wall time ``since`` on."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(since)) + f".{int(since % 1 * 1000):03d}Z"
     return [r["msg"] for replica in replicas for r in replica.records()
-            if r.get("level") == "warning" and "redis" in str(r.get("msg")) and str(r.get("ts")) >= stamp]
+            if r.get("level") in ("warning", "error") and "redis" in str(r.get("msg")) and str(r.get("ts")) >= stamp]
+
+
+def state_errors(replicas: list[Replica]) -> float:
+    """The replicas' failed state-store operations so far (admissions let through unchecked among them)."""
+    total = 0.0
+    for r in replicas:
+        for line in httpx.get(f"{r.url}/metrics", timeout=10).text.splitlines():
+            if line.startswith("headbudget_state_errors_total{"):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 # -- (1) quotas ------------------------------------------------------------------------------------------------
@@ -246,7 +261,7 @@ def test_the_store_uses_no_connection_of_a_redis_that_went_away(tmp_path: Path) 
     async def writes(store: RedisState, n: int) -> list[str]:
         async def one() -> str:
             try:
-                await store.record_usage(row)
+                await store.record_usage(row, cid())
             except StateUnavailable as e:
                 return str(e)
             return "ok"
@@ -272,11 +287,16 @@ def test_the_store_uses_no_connection_of_a_redis_that_went_away(tmp_path: Path) 
     assert usage.requests == 16 and usage.units == 16_000  # the append-only file kept the first eight
 
 
+def journal_lines(c: Cluster) -> int:
+    """Usage lines waiting in the replicas' shared journal folder."""
+    return UsageJournal(c.config.parent / "journal", 1 << 20).pending()
+
+
 def test_a_redis_restart_mid_load(both: Cluster) -> None:
     """Redis stopped mid-load: replicas that fail open keep answering and say in /readyz that the store is down
-    and they fail open; the replica that fails closed answers 503 with Retry-After. Once Redis is back, new
-    answers are counted again. Every answer is either in the usage or in a replica's log of what it could not
-    record, with its charge."""
+    and they fail open; the replica that fails closed answers 503 with Retry-After. What was answered while Redis
+    was away waits in the journal and reaches the store once it is back: the usage equals the answers' charges,
+    to the milli-unit."""
     lb, redis = both.lb.url, both.redis
     probes: dict[str, Any] = {}
     back = [math.inf]
@@ -316,15 +336,16 @@ def test_a_redis_restart_mid_load(both: Cluster) -> None:
     closed = probes["closed"]
     assert closed.status_code == 503 and closed.json()["error"]["code"] == "unavailable", closed.text
     assert int(closed.headers["retry-after"]) >= 1
-    # every answer is in the usage (Redis keeps its append-only file over the restart) or logged as not recorded
-    # with its charge; a write whose reply the shutdown cut may be both (at most one per client in flight)
+    # every answer is in the usage once (Redis keeps its append-only file over the restart): those answered while it
+    # was away through the journal, which empties; none is logged as lost
+    asyncio.run(until(lambda: journal_lines(both) == 0, 10, "the journal empties"))
+    replayed = [r for replica in both.replicas for r in replica.records()
+                if "sent to the state store" in str(r.get("msg", ""))]
+    assert replayed, "no answer went through the journal"
     report = usage_of(lb, KEY["redis"])["today"]
-    lost = [x for r in both.replicas for x in lost_usage(r, "replica-redis")]
-    assert lost, "no answer was given while Redis was down"
-    charge = sent[0].charge
-    assert {s.charge for s in sent} == {c for c, _ in lost} == {charge}  # one text, one budget: one charge
-    assert len(sent) - len(lost) <= report["requests"] <= len(sent) - len(lost) + 2, (len(sent), lost, report)
-    assert milli(report["units"]) == report["requests"] * charge
+    assert [lost_usage(r, "replica-redis") for r in both.replicas] == [[], []]
+    assert report["requests"] == len(sent) and milli(report["units"]) == sum(s.charge for s in sent), \
+        (len(sent), report)
     # usage resumes: every answer after the restart is counted, 16 at once as before it, and no operation on the
     # store fails once it is back (no connection to the Redis that went away is used again)
     more = asyncio.run(burst(lb, KEY["redis"], 16))
@@ -333,6 +354,46 @@ def test_a_redis_restart_mid_load(both: Cluster) -> None:
     assert milli(now["units"]) - milli(report["units"]) == sum(m.charge for m in more)
     assert now["requests"] == report["requests"] + 16
     assert store_errors_since(both.replicas, back[0]) == []
+
+
+def stall(redis: RedisServer, seconds: float) -> None:
+    """Keep Redis from answering anyone for ``seconds`` (DEBUG SLEEP)."""
+    with socket.create_connection(("127.0.0.1", redis.port), timeout=seconds + 10) as sock:
+        sock.sendall(f"DEBUG SLEEP {seconds}\r\n".encode())
+        assert sock.recv(16).startswith(b"+OK")
+
+
+def test_a_redis_too_busy_to_answer_in_time(both: Cluster) -> None:
+    """Redis stalls past the replicas' 0.25 s timeout mid-load (DEBUG SLEEP 0.6 s, three times): the writes whose
+    replies were lost are sent again under their charge ids, so every answer is counted once, exactly: none lost,
+    none twice, no admission let through unchecked."""
+    lb = both.lb.url
+    before = usage_of(lb, KEY["busy"])["today"]
+    errors = state_errors(both.replicas)
+    started = time.time()
+
+    async def scenario() -> list[Sent]:
+        stop = asyncio.Event()
+        running = asyncio.create_task(load(lb, KEY["busy"], 4, stop))
+        await asyncio.sleep(0.5)
+        for _ in range(3):
+            await asyncio.to_thread(stall, both.redis, 0.6)
+            await asyncio.sleep(0.3)
+        stop.set()
+        return await running
+
+    sent = asyncio.run(scenario())
+    assert [s.status for s in sent] == [200] * len(sent), {s.status for s in sent}
+    again = [r for replica in both.replicas for r in replica.records()
+             if "sending the write again" in str(r.get("msg", "")) and str(r.get("ts")) >= time.strftime(
+                 "%Y-%m-%dT%H:%M:%S", time.gmtime(started))]
+    assert again, "no write timed out: the stall did not reach the replicas"
+    assert store_errors_since(both.replicas, started) == []  # nothing lost, no settlement missed
+    assert state_errors(both.replicas) == errors  # no admission let through unchecked
+    assert journal_lines(both) == 0
+    now = usage_of(lb, KEY["busy"])["today"]
+    assert now["requests"] - before["requests"] == len(sent)
+    assert milli(now["units"]) - milli(before["units"]) == sum(s.charge for s in sent)
 
 
 # -- (3) a replica killed mid-load -----------------------------------------------------------------------------

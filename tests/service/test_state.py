@@ -18,7 +18,7 @@ from headbudget.service.state import (
     StateUnavailable,
     gcra,
 )
-from tests.service.conftest import config_dict, headers, redis_process, running_app
+from tests.service.conftest import cid, config_dict, headers, redis_process, running_app
 
 pytestmark = pytest.mark.anyio
 
@@ -35,11 +35,11 @@ def test_gcra_allows_burst_then_the_rate() -> None:
 
 
 async def test_rate_limit_is_exact_per_bucket(store: StateStore) -> None:
-    results = await asyncio.gather(*[store.admit("k1", 60, 5, None, 0) for _ in range(8)])
+    results = await asyncio.gather(*[store.admit("k1", 60, 5, None, 0, cid()) for _ in range(8)])
     assert [r.allowed for r in results].count(True) == 5
     denied = next(r for r in results if not r.allowed)
     assert 0 < denied.retry_after_s <= 1.01
-    assert (await store.admit("k2", 60, 5, None, 0)).allowed
+    assert (await store.admit("k2", 60, 5, None, 0, cid())).allowed
 
 
 async def test_feedback_claim_once_and_owner_only(store: StateStore) -> None:
@@ -85,7 +85,7 @@ async def test_memory_feedback_is_bounded_in_time_and_size() -> None:
 async def test_redis_rate_limit_is_shared_between_clients(redis_url: str) -> None:
     a, b = (RedisState(StateConfig(redis_url=redis_url)) for _ in range(2))
     await a._redis.flushdb()
-    results = await asyncio.gather(*[(a if i % 2 else b).admit("shared", 60, 6, None, 0) for i in range(10)])
+    results = await asyncio.gather(*[(a if i % 2 else b).admit("shared", 60, 6, None, 0, cid()) for i in range(10)])
     assert [r.allowed for r in results].count(True) == 6
     await a.close()
     await b.close()
@@ -94,7 +94,7 @@ async def test_redis_rate_limit_is_shared_between_clients(redis_url: str) -> Non
 async def test_redis_unreachable_raises_state_unavailable() -> None:
     s = RedisState(StateConfig(redis_url="redis://127.0.0.1:1/0", redis_timeout_s=0.2))
     with pytest.raises(StateUnavailable):
-        await s.admit("k", 60, 1, None, 0)
+        await s.admit("k", 60, 1, None, 0, cid())
     with pytest.raises(StateUnavailable):
         await s.remember("r", AnswerRecord("o", "t", ["x"], [1.0]))
     assert await s.ping() is False

@@ -23,6 +23,7 @@ from headbudget.service.state import MemoryState, StateStore, Usage, UsageRow, u
 from tests.service.conftest import (
     KEYS,
     charge_of,
+    cid,
     config_dict,
     headers,
     redis_process,
@@ -38,10 +39,10 @@ pytestmark = pytest.mark.anyio
 
 async def test_usage_adds_up_per_key_and_day(store: StateStore) -> None:
     one = Usage(units=1500, requests=1, texts=2, tokens=30, saved=500)
-    await store.record_usage(UsageRow("2026-01-01", "ownerA", "alice", "cheap", one))
-    await store.record_usage(UsageRow("2026-01-01", "ownerA", "alice", "cheap", one))
-    await store.record_usage(UsageRow("2026-01-02", "ownerA", "alice", "cheap", one))
-    await store.record_usage(UsageRow("2026-01-01", "ownerB", "bob", "quality", Usage(7, 1, 1, 3, 0)))
+    await store.record_usage(UsageRow("2026-01-01", "ownerA", "alice", "cheap", one), cid())
+    await store.record_usage(UsageRow("2026-01-01", "ownerA", "alice", "cheap", one), cid())
+    await store.record_usage(UsageRow("2026-01-02", "ownerA", "alice", "cheap", one), cid())
+    await store.record_usage(UsageRow("2026-01-01", "ownerB", "bob", "quality", Usage(7, 1, 1, 3, 0)), cid())
     assert await store.usage_of("ownerA", "2026-01-01") == (one.plus(one), one.plus(one).plus(one))
     assert await store.usage_of("ownerB", "2026-01-01") == (Usage(7, 1, 1, 3, 0), Usage(7, 1, 1, 3, 0))
     assert await store.usage_of("nobody", "2026-01-01") == (Usage(), Usage())
@@ -49,9 +50,9 @@ async def test_usage_adds_up_per_key_and_day(store: StateStore) -> None:
 
 async def test_a_key_moved_between_tiers_keeps_a_row_per_tier(store: StateStore) -> None:
     cheap, quality = Usage(1000, 1, 1, 10, 0), Usage(3000, 1, 2, 20, 0)
-    await store.record_usage(UsageRow("2026-01-01", "ownerA", "alice", "cheap", cheap))
-    await store.record_usage(UsageRow("2026-01-01", "ownerA", "alice", "quality", quality))
-    await store.record_usage(UsageRow("2026-01-01", "ownerA", "alice", "cheap", cheap))
+    await store.record_usage(UsageRow("2026-01-01", "ownerA", "alice", "cheap", cheap), cid())
+    await store.record_usage(UsageRow("2026-01-01", "ownerA", "alice", "quality", quality), cid())
+    await store.record_usage(UsageRow("2026-01-01", "ownerA", "alice", "cheap", cheap), cid())
     # /v1/usage: the key's whole day and all-time total, whatever its tiers
     assert await store.usage_of("ownerA", "2026-01-01") == (cheap.plus(quality).plus(cheap),) * 2
     if isinstance(store, RedisState):  # the export `headbudget usage` reads: one row per tier
@@ -69,7 +70,7 @@ async def test_redis_reads_day_rows_kept_before_tiers(redis_url: str) -> None:
                                                                        "tier": "cheap"})
     await s._redis.sadd("headbudget:usage:owners:2026-01-05", "old0")
     await s._redis.zadd("headbudget:usage:days", {"2026-01-05": 20260105})
-    await s.record_usage(UsageRow("2026-01-05", "old0", "olga", "quality", Usage(700, 1, 1, 7, 0)))
+    await s.record_usage(UsageRow("2026-01-05", "old0", "olga", "quality", Usage(700, 1, 1, 7, 0)), cid())
     rows = await s.usage_rows()
     assert [(r.tier, r.usage.units) for r in rows] == [("cheap", 500), ("quality", 700)]
     assert (await s.usage_of("old0", "2026-01-05"))[0] == Usage(1200, 2, 2, 12, 0)
@@ -80,8 +81,8 @@ async def test_redis_lists_usage_by_day_and_key(redis_url: str) -> None:
     s = RedisState(StateConfig(redis_url=redis_url))
     await s._redis.flushdb()
     for day in ("2026-01-30", "2026-02-01", "2026-01-31"):
-        await s.record_usage(UsageRow(day, "b0", "bob", "quality", Usage(2000, 1, 1, 2, 0)))
-        await s.record_usage(UsageRow(day, "a0", "alice", "cheap", Usage(1000, 1, 1, 1, 3000)))
+        await s.record_usage(UsageRow(day, "b0", "bob", "quality", Usage(2000, 1, 1, 2, 0)), cid())
+        await s.record_usage(UsageRow(day, "a0", "alice", "cheap", Usage(1000, 1, 1, 1, 3000)), cid())
     rows = await s.usage_rows()
     assert [(r.day, r.name) for r in rows] == [(d, n) for d in ("2026-01-30", "2026-01-31", "2026-02-01")
                                                for n in ("alice", "bob")]
