@@ -8,6 +8,9 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -154,11 +157,13 @@ def test_a_replica_killed_with_a_full_journal_replays_it_when_it_starts(tiny_che
                     assert r.status_code == 200, r.text
                     charges.append(round(r.json()["charge"] * 1000))
             assert UsageJournal(journal, 1 << 20).pending() == 8
+            # the access line follows the answer: wait for the last one, so that the log holds all eight
+            assert asyncio.run(_until(lambda: first.logs().count('"charge_id"') == 8)), first.logs()[-2000:]
             os.killpg(first.proc.pid, signal.SIGKILL)  # no drain: the journal is all that is left
             first.proc.wait(10)
         redis.start()
         with start_server(tiny_checkpoint, config, tmp_path / "second") as second:
-            assert asyncio.run(_until_empty(journal)), "the journal was not replayed"
+            assert asyncio.run(_until(lambda: UsageJournal(journal, 1 << 20).pending() == 0)), "not replayed"
             r = httpx.get(f"{second.url}/v1/usage", headers=headers("cheap"), timeout=30)
             assert r.status_code == 200, r.text
             today = r.json()["today"]
@@ -166,13 +171,30 @@ def test_a_replica_killed_with_a_full_journal_replays_it_when_it_starts(tiny_che
             replayed = [json.loads(line) for line in (tmp_path / "second" / "server.log").read_text().splitlines()
                         if "sent to the state store" in line]
             assert replayed
+        # the access logs and the store agree answer by answer; an answer the store lacks is named, exit 1
+        logs = [str(tmp_path / "first" / "server.log"), str(tmp_path / "second" / "server.log")]
+        config_file = str(tmp_path / "first" / "service.toml")
+        ok = reconcile(config_file, logs)
+        assert ok.returncode == 0, ok.stderr
+        (row,) = [json.loads(line) for line in ok.stdout.splitlines()]
+        assert row["answered"] == 8 and row["missing"] == 0 and row["store_minus_log_units"] == 0, row
+        forged = tmp_path / "forged.log"
+        forged.write_text(json.dumps({"status": 200, "key_name": row["key"], "charge": 1.5,
+                                      "charge_id": "f" * 32, "ts": "2026-01-01T00:00:00Z"}) + "\n")
+        bad = reconcile(config_file, [*logs, str(forged)])
+        assert bad.returncode == 1 and f"charge {'f' * 32}, 1.5 compute units" in bad.stderr, bad.stderr
     finally:
         redis.stop()
 
 
-async def _until_empty(journal: Path, timeout_s: float = 20) -> bool:
+def reconcile(config: str, logs: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "headbudget.cli", "usage", "--config", config, "--format", "jsonl",
+                           "--reconcile", *logs], capture_output=True, text=True, timeout=60)
+
+
+async def _until(check: Callable[[], bool], timeout_s: float = 20) -> bool:
     deadline = asyncio.get_running_loop().time() + timeout_s
-    while UsageJournal(journal, 1 << 20).pending():
+    while not check():
         if asyncio.get_running_loop().time() > deadline:
             return False
         await asyncio.sleep(0.1)
