@@ -39,8 +39,9 @@ class Runtime:
         self.grid_depth: dict[float, int] = {}  # grid budget -> layers run, where the plan stops at an exit
         self.draining = False
         self.state_ok = True
-        folder = config.state.journal_dir
-        self.journal = UsageJournal(Path(folder), config.state.journal_max_bytes) if folder else None
+        folder = config.state.journal_dir  # in memory, usage cannot fail to be recorded: no journal
+        self.journal = (UsageJournal(Path(folder), config.state.journal_max_bytes)
+                        if folder and config.state.redis_url else None)
         self._replays: asyncio.Task[None] | None = None
 
     async def start(self) -> None:

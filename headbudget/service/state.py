@@ -8,7 +8,7 @@ only if both pass, in one atomic step. Feedback matches a request id to the answ
 
 Every write that counts compute (an admission, a settlement, a usage record) carries the id of the charge it
 belongs to and counts once per id, so that a write whose reply was lost can be sent again (docs/operations.md,
-'Usage and billing').
+'Usage and billing under faults').
 """
 
 from __future__ import annotations

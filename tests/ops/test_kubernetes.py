@@ -255,6 +255,17 @@ def test_redis_keeps_usage_across_restarts() -> None:
     assert one(docs, "PersistentVolumeClaim", claim)["spec"]["accessModes"] == ["ReadWriteOnce"]
 
 
+def test_the_usage_journal_is_on_a_volume() -> None:
+    """Usage Redis could not take waits in [state] journal_dir: on a volume of the pod (the image is read-only), so
+    that a restarted container replays it."""
+    docs = render("base")
+    folder = service_config(docs).state.journal_dir
+    assert folder, "the base config keeps no journal"
+    pod = one(docs, "Deployment", "headbudget")["spec"]["template"]["spec"]
+    mount = next(m for m in api_container(docs)["volumeMounts"] if m["mountPath"] == folder)
+    assert not mount.get("readOnly") and any(v["name"] == mount["name"] for v in pod["volumes"])
+
+
 # -- memory: the pass cap and the memory limit agree ------------------------------------------------------------
 # A worker of the quick checkpoint measured under the largest requests the API admits (64 texts of 512 tokens at
 # several budgets, from several keys at once): idle, peak over idle at its [server] max_activation_mb, and what
