@@ -251,6 +251,24 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     lengths = [int(m.sum(1).mean()) for _, m in batches[cfg.warmup:]]
     n_cost = int(np.median(lengths))
     dense_key = "ort_fp32" if cfg.precision == "fp32" else "ort_int8"
+    result: dict[str, Any] = {
+        "model": engine.info.name, "seq_len": cfg.seq_len if cfg.data is None else "data",
+        "median_tokens": n_cost, "batch_size": cfg.batch_size, "threads": cfg.threads,
+        "precision": cfg.precision, "repeats": cfg.repeats, "cache": cfg.cache,
+        "cpu": cpu_name(), "rows": _budget_rows(engine, times, dense_key, n_cost),
+        "peers": {f"{k}_ms": _ms(times[k], 0.5) for k in ("hf_eager", "hf_sdpa", "ort_fp32", "ort_int8")},
+        "max_abs_logit_diff": max_logit_diff(engine, model, batches[: 3]),
+    }
+    result["overhead"] = overhead(engine, methods[dense_key], cfg, times, dense_key)
+    result["overhead_ms"] = result["overhead"]["overhead_ms"]
+    if cfg.memory:
+        result["memory"] = memory_figure(cfg.model_dir, dense_fp32, cfg.precision)
+    result["rss_mb"] = round(rss_mb(), 1)
+    return result
+
+
+def _budget_rows(engine: Any, times: dict[str, list[float]], dense_key: str, n_cost: int) -> list[dict[str, Any]]:
+    """One row per benchmark budget: its latency and its speed-up over b = 1 and over the dense ORT peer."""
     ort_dense = _ms(times[dense_key], 0.5)
     b1 = _ms(times["engine@1.0"], 0.5)
     rows = []
@@ -263,20 +281,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                      "speedup_vs_b1_ci95": ratio_ci95(times["engine@1.0"], times[f"engine@{b}"]),
                      "speedup_vs_ort_dense_ci95": ratio_ci95(times[dense_key], times[f"engine@{b}"]),
                      "flop_bound_speedup": round(plan.flop_bound_speedup(engine.shape, n_cost), 3)})
-    result: dict[str, Any] = {
-        "model": engine.info.name, "seq_len": cfg.seq_len if cfg.data is None else "data",
-        "median_tokens": n_cost, "batch_size": cfg.batch_size, "threads": cfg.threads,
-        "precision": cfg.precision, "repeats": cfg.repeats, "cache": cfg.cache,
-        "cpu": cpu_name(), "rows": rows,
-        "peers": {f"{k}_ms": _ms(times[k], 0.5) for k in ("hf_eager", "hf_sdpa", "ort_fp32", "ort_int8")},
-        "max_abs_logit_diff": max_logit_diff(engine, model, batches[: 3]),
-    }
-    result["overhead"] = overhead(engine, methods[dense_key], cfg, times, dense_key)
-    result["overhead_ms"] = result["overhead"]["overhead_ms"]
-    if cfg.memory:
-        result["memory"] = memory_figure(cfg.model_dir, dense_fp32, cfg.precision)
-    result["rss_mb"] = round(rss_mb(), 1)
-    return result
+    return rows
 
 
 def max_logit_diff(engine: Any, model: Any, batches: Sequence[tuple[np.ndarray, np.ndarray]]) -> float:

@@ -97,6 +97,23 @@ def floor_plan(engine: Any) -> ExecutionPlan:
     return ExecutionPlan(heads=(1,) * cfg.n_layers, n_heads=cfg.n_heads, ffn=ffn)
 
 
+def _budget_rows(engine: Any, budgets: Sequence[float], times: dict[str, list[float]], peer: str,
+                 lengths: list[int]) -> list[dict[str, Any]]:
+    """One row per budget: its latency, its share of b = 1's and of the dense peer's, and its share of MACs."""
+    b1, ort = np.median(times["engine@1.0"]), np.median(times[peer])
+    rows = []
+    for b in budgets:
+        t = times[f"engine@{b}"]
+        plan = engine.plan(b)
+        rows.append({"budget": b, "latency_ms": _ms(t, 0.5), "p90_ms": _ms(t, 0.9),
+                     "share_of_b1": round(float(np.median(t) / b1), 4),
+                     "share_of_b1_ci95": ratio_ci95(t, times["engine@1.0"]),
+                     "share_of_ort_dense": round(float(np.median(t) / ort), 4),
+                     "mac_fraction": mac_fraction(plan, engine.shape, lengths),
+                     "heads_active": plan.heads_active, "layers_run": plan.layers_run})
+    return rows
+
+
 def run_budget_bench(cfg: BudgetBenchConfig) -> dict[str, Any]:
     """Time every budget and the dense ORT peer of the same precision; the document the CLI writes, less
     ``command`` (the CLI knows it)."""
@@ -128,17 +145,8 @@ def run_budget_bench(cfg: BudgetBenchConfig) -> dict[str, Any]:
         # Every budget as served against one dense session of this precision, each in a fresh process.
         memory = memory_figure(bench.model_dir, dense_fp32, bench.precision) if bench.memory else None
     lengths = [int(n) for _, mask in batches[bench.warmup:] for n in mask.sum(1)]
-    b1, ort = np.median(times["engine@1.0"]), np.median(times[peer])
-    rows = []
-    for b in budgets:
-        t = times[f"engine@{b}"]
-        plan = engine.plan(b)
-        rows.append({"budget": b, "latency_ms": _ms(t, 0.5), "p90_ms": _ms(t, 0.9),
-                     "share_of_b1": round(float(np.median(t) / b1), 4),
-                     "share_of_b1_ci95": ratio_ci95(t, times["engine@1.0"]),
-                     "share_of_ort_dense": round(float(np.median(t) / ort), 4),
-                     "mac_fraction": mac_fraction(plan, engine.shape, lengths),
-                     "heads_active": plan.heads_active, "layers_run": plan.layers_run})
+    b1 = np.median(times["engine@1.0"])
+    rows = _budget_rows(engine, budgets, times, peer, lengths)
     return {
         "mode": MODE, "model": engine.info.name, "precision": bench.precision,
         "seq_len": bench.seq_len if bench.data is None else "data", "median_tokens": int(np.median(lengths)),

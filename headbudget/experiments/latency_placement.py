@@ -94,6 +94,56 @@ def _shape(doc: dict[str, Any], method: str) -> str:
     return method
 
 
+def _rows_by_latency(doc: dict[str, Any], lat: dict[str, Any] | None) -> list[str]:
+    """The methods' table, sorted by measured latency (by MACs when latency was not measured)."""
+    out: list[str] = []
+    key = "latency_ms_mean" if lat else "macs_ratio_mean"
+    for r in sorted(doc["rows"], key=lambda r: (r.get(key) if r.get(key) == r.get(key) else float("inf"),
+                                                r["method"], r["budget"])):
+        out.append(f"| {r['method']} | {r['budget']:.2f} | {_pm(r['latency_ms_mean'], r['latency_ms_std'])} "
+                   f"| {_pm(r['speedup_mean'], r['speedup_std'])} | {_pm(r['macs_ratio_mean'], r['macs_ratio_std'], 1, 3)} "
+                   f"| {r['cost_mean']:.3f} | {_pm(r['accuracy_mean'], r['accuracy_std'], 100)} "
+                   f"| {_pm(r['delta_vs_dense_mean'], r['delta_vs_dense_std'], 100)} |")
+    return out
+
+
+def _placement_lines(doc: dict[str, Any]) -> list[str]:
+    """The budgeted curve at each other method's measured latency, and what it must meet there."""
+    out = ["", "### At equal measured latency", ""]
+    if not doc.get("placement"):
+        out.append("Latency was not measured, so no method could be placed.")
+    else:
+        out += ["The budgeted checkpoint's accuracy at each point's latency, interpolated linearly in latency between "
+                "the two budgets whose measured latencies bracket it (per seed; no extrapolation), and the "
+                "difference, budgeted minus the other method, in points:", "",
+                "| method | b | latency ms | accuracy | budgeted there | difference | bracketing budgets | seeds reached |",
+                "|---|---|---|---|---|---|---|---|"]
+        for p in doc["placement"]:
+            out.append(f"| {p['method']} | {p['budget']:.2f} | {_pm(p['latency_ms_mean'], p['latency_ms_std'])} "
+                       f"| {_pm(p['accuracy_mean'], p['accuracy_std'], 100)} "
+                       f"| {_pm(p['budgeted_accuracy_mean'], p['budgeted_accuracy_std'], 100)} "
+                       f"| {_pm(p['difference_mean'], p['difference_std'], 100)} | {_brackets(p)} "
+                       f"| {p['n_reached']} of {p['n_seeds']} |")
+        out += ["", "What the budgeted checkpoint must meet (at equal measured latency):", ""]
+        for p in doc["placement"]:
+            what = p["method"] if p["method"] in SMALL else f"attention-only b = {p['budget']:.2f}"
+            verdict = ("not reached by the budgeted curve" if p["met"] is None else
+                       f"{100 * p['difference_mean']:+.2f} points -> {'met' if p['met'] else 'NOT met'}")
+            out.append(f"- budgeted vs {what} ({p['rule']}): {verdict}")
+    return out
+
+
+def _cost_lines(doc: dict[str, Any]) -> list[str]:
+    """What each method costs to train and to deploy."""
+    nb = len(doc["budgets"])
+    out = ["", f"What each method costs (training time includes the shared dense warm start, mean over seeds); the "
+            f"budgeted types serve all {nb} budgets, the small models one point each:", "",
+            "| method | fine-tune jobs | deployed artifacts | training s |", "|---|---|---|---|"]
+    for m, v in doc["methods"].items():
+        out.append(f"| {m} | {v['fine_tune_jobs']} | {v['artifacts']} | {_pm(v['train_seconds_mean'], v['train_seconds_std'], 1, 0)} |")
+    return out
+
+
 def markdown(doc: dict[str, Any]) -> str:
     """compare.md for the whole-model scope: methods by latency, the budgeted curve at each baseline's latency."""
     from headbudget.experiments.compare_report import spearman_lines
@@ -117,40 +167,7 @@ def markdown(doc: dict[str, Any]) -> str:
            "instead, cut from the dense model and distilled from it (one epoch, T = 2): one artifact, one point each.",
            "", "Sorted by " + ("measured latency:" if lat else "MACs (latency not measured):"), "",
            "| method | b | latency ms | speedup | MACs | cost | accuracy | Δ vs dense |", "|---|---|---|---|---|---|---|---|"]
-    key = "latency_ms_mean" if lat else "macs_ratio_mean"
-    for r in sorted(doc["rows"], key=lambda r: (r.get(key) if r.get(key) == r.get(key) else float("inf"),
-                                                r["method"], r["budget"])):
-        out.append(f"| {r['method']} | {r['budget']:.2f} | {_pm(r['latency_ms_mean'], r['latency_ms_std'])} "
-                   f"| {_pm(r['speedup_mean'], r['speedup_std'])} | {_pm(r['macs_ratio_mean'], r['macs_ratio_std'], 1, 3)} "
-                   f"| {r['cost_mean']:.3f} | {_pm(r['accuracy_mean'], r['accuracy_std'], 100)} "
-                   f"| {_pm(r['delta_vs_dense_mean'], r['delta_vs_dense_std'], 100)} |")
-    out += ["", "### At equal measured latency", ""]
-    if not doc.get("placement"):
-        out.append("Latency was not measured, so no method could be placed.")
-    else:
-        out += ["The budgeted checkpoint's accuracy at each point's latency, interpolated linearly in latency between "
-                "the two budgets whose measured latencies bracket it (per seed; no extrapolation), and the "
-                "difference, budgeted minus the other method, in points:", "",
-                "| method | b | latency ms | accuracy | budgeted there | difference | bracketing budgets | seeds reached |",
-                "|---|---|---|---|---|---|---|---|"]
-        for p in doc["placement"]:
-            out.append(f"| {p['method']} | {p['budget']:.2f} | {_pm(p['latency_ms_mean'], p['latency_ms_std'])} "
-                       f"| {_pm(p['accuracy_mean'], p['accuracy_std'], 100)} "
-                       f"| {_pm(p['budgeted_accuracy_mean'], p['budgeted_accuracy_std'], 100)} "
-                       f"| {_pm(p['difference_mean'], p['difference_std'], 100)} | {_brackets(p)} "
-                       f"| {p['n_reached']} of {p['n_seeds']} |")
-        out += ["", "What the budgeted checkpoint must meet (at equal measured latency):", ""]
-        for p in doc["placement"]:
-            what = p["method"] if p["method"] in SMALL else f"attention-only b = {p['budget']:.2f}"
-            verdict = ("not reached by the budgeted curve" if p["met"] is None else
-                       f"{100 * p['difference_mean']:+.2f} points -> {'met' if p['met'] else 'NOT met'}")
-            out.append(f"- budgeted vs {what} ({p['rule']}): {verdict}")
-    nb = len(doc["budgets"])
-    out += ["", f"What each method costs (training time includes the shared dense warm start, mean over seeds); the "
-            f"budgeted types serve all {nb} budgets, the small models one point each:", "",
-            "| method | fine-tune jobs | deployed artifacts | training s |", "|---|---|---|---|"]
-    for m, v in doc["methods"].items():
-        out.append(f"| {m} | {v['fine_tune_jobs']} | {v['artifacts']} | {_pm(v['train_seconds_mean'], v['train_seconds_std'], 1, 0)} |")
+    out += _rows_by_latency(doc, lat) + _placement_lines(doc) + _cost_lines(doc)
     out += ["", *spearman_lines(doc, units="units (heads and feed-forward groups)")]
     out += ["", f"Trained in this invocation: {', '.join(doc['trained_this_run']) or 'nothing (all cached)'}; "
             f"wall time {doc['wall_seconds']:.0f} s.", ""]
