@@ -224,7 +224,7 @@ def _merge_into(out: Path, res: dict[str, Any]) -> None:
     out.write_text(json.dumps({**old, **res}, indent=2) + "\n")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m headbudget.loadtest.capacity", description=__doc__)
     p.add_argument("--model", type=Path, required=True)
     p.add_argument("--data", type=Path, default=Path("../shared/data/ag_news"))
@@ -250,7 +250,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="the engine the capacity step serves (`headbudget serve` defaults to int8; fp32 is what the "
                         "recorded runs used)")
     p.add_argument("--out", type=Path, required=True)
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
     try:
         budgets = [float(b) for b in a.budgets.split(",")]
     except ValueError:
@@ -269,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         _merge_into(a.out, {f"soak_{a.feedback_max_entries or 'default'}": r})
         return 0
     res = {"model": str(a.model), "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"),
-                           "workers": a.workers, "target_p99_ms": a.target_p99_ms, "precision": a.precision}
+           "workers": a.workers, "target_p99_ms": a.target_p99_ms, "precision": a.precision}
     if a.mixed:
         res["mixed"] = mixed_traffic(a.model, texts, a.workers, budgets, a.mixed_users, a.step_seconds,
                                      a.mixed_rounds, a.precision)

@@ -210,6 +210,32 @@ def _p99(xs: list[float]) -> float | None:
     return round(pct(xs, 0.99), 3) if xs else None
 
 
+def _figures(alone: Tally, light: Tally, heavy: Tally) -> dict[str, Any]:
+    """The light client's latency alone and beside the heavy one, against its bound, and what each was charged."""
+    longest = max([*alone.forward_ms, *light.forward_ms, *heavy.forward_ms], default=0.0)
+    p99_alone, p99_with = _p99(alone.latency_ms), _p99(light.latency_ms)
+    bound = round(1.5 * p99_alone + longest, 3) if p99_alone is not None else None
+    server_errors = sum(n for t in (alone, light, heavy) for s, n in t.codes.items() if s.startswith("5"))
+    return {
+        "light_p99_alone_ms": p99_alone,
+        "light_p99_with_heavy_ms": p99_with,
+        "longest_pass_ms": round(longest, 3),
+        "light_p99_bound_ms": bound,  # 1.5 x the p99 alone plus one longest pass
+        "light_within_bound": p99_with is not None and bound is not None and p99_with <= bound,
+        "status_counts": {"light_alone": alone.codes, "light": light.codes, "heavy": heavy.codes},
+        "retry_after_counts": {"light_alone": alone.retry_after, "light": light.retry_after,
+                               "heavy": heavy.retry_after},
+        "server_errors": server_errors,
+        "light_p50_alone_ms": round(pct(alone.latency_ms, 0.5), 3) if alone.latency_ms else None,
+        "light_p50_with_heavy_ms": round(pct(light.latency_ms, 0.5), 3) if light.latency_ms else None,
+        "light_longest_pass_ms": round(max(light.forward_ms, default=0.0), 3),
+        "heavy_longest_pass_ms": round(max(heavy.forward_ms, default=0.0), 3),
+        "heavy_charge_units": max(heavy.charges, default=None),
+        "heavy_tokens_per_text": max(heavy.tokens, default=None),
+        "light_charge_units": max(alone.charges, default=None),
+    }
+
+
 def measure(model: Path, config: Path, tier: str, workers: int, seconds: float, light_rps: float, heavy_users: int,
             heavy_texts: int, long_words: int, precision: str, redis: bool, command: str) -> dict[str, Any]:
     """Run both phases on one server; the figures and what they were measured on."""
@@ -236,27 +262,8 @@ def measure(model: Path, config: Path, tier: str, workers: int, seconds: float, 
             return alone, light, heavy
 
         alone, light, heavy = asyncio.run(run())
-    longest = max([*alone.forward_ms, *light.forward_ms, *heavy.forward_ms], default=0.0)
-    p99_alone, p99_with = _p99(alone.latency_ms), _p99(light.latency_ms)
-    bound = round(1.5 * p99_alone + longest, 3) if p99_alone is not None else None
-    server_errors = sum(n for t in (alone, light, heavy) for s, n in t.codes.items() if s.startswith("5"))
     return {
-        "light_p99_alone_ms": p99_alone,
-        "light_p99_with_heavy_ms": p99_with,
-        "longest_pass_ms": round(longest, 3),
-        "light_p99_bound_ms": bound,  # 1.5 x the p99 alone plus one longest pass
-        "light_within_bound": p99_with is not None and bound is not None and p99_with <= bound,
-        "status_counts": {"light_alone": alone.codes, "light": light.codes, "heavy": heavy.codes},
-        "retry_after_counts": {"light_alone": alone.retry_after, "light": light.retry_after,
-                               "heavy": heavy.retry_after},
-        "server_errors": server_errors,
-        "light_p50_alone_ms": round(pct(alone.latency_ms, 0.5), 3) if alone.latency_ms else None,
-        "light_p50_with_heavy_ms": round(pct(light.latency_ms, 0.5), 3) if light.latency_ms else None,
-        "light_longest_pass_ms": round(max(light.forward_ms, default=0.0), 3),
-        "heavy_longest_pass_ms": round(max(heavy.forward_ms, default=0.0), 3),
-        "heavy_charge_units": max(heavy.charges, default=None),
-        "heavy_tokens_per_text": max(heavy.tokens, default=None),
-        "light_charge_units": max(alone.charges, default=None),
+        **_figures(alone, light, heavy),
         "setup": {"tier": tier, "tier_settings": base["tiers"][tier], "workers": workers,
                   "state": "redis (quotas shared by the workers)" if redis_url else "memory (a quota per worker)",
                   "seconds_per_phase": seconds, "light_rps": light_rps, "heavy_users": heavy_users,

@@ -198,6 +198,24 @@ def pct(xs: list[float], q: float) -> float:
 BLOCK = 20  # texts per pairing block in the overhead benchmark
 
 
+def _time_block(conn: http.client.HTTPConnection, block: list[str], budget: float, rtt: list[float],
+                forward_ms: list[float], handler_ms: list[float]) -> None:
+    """One request per text: its round trip, and the server's own clock around the forward pass and the handler."""
+    for t in block:
+        t0 = time.perf_counter()
+        answer = post_classify(conn, t, budget)
+        rtt.append((time.perf_counter() - t0) * 1e3)
+        forward_ms.append(float(answer["results"][0]["latency_ms"]))
+        handler_ms.append(float(answer["latency_ms"]))
+
+
+def _healthz_ms(conn: http.client.HTTPConnection) -> float:
+    t0 = time.perf_counter()
+    conn.request("GET", "/healthz")
+    conn.getresponse().read()
+    return (time.perf_counter() - t0) * 1e3
+
+
 def overhead(model: Path, texts: list[str], budget: float, wait_ms: float, precision: str = "fp32") -> dict[str, Any]:
     """Round trip minus the engine's own time, per text, one worker, sequential batch-1 requests."""
     from headbudget.engine.factory import load_engine
@@ -212,7 +230,10 @@ def overhead(model: Path, texts: list[str], budget: float, wait_ms: float, preci
         engine.predict([text], budget)
         return (time.perf_counter() - t0) * 1e3
 
-    engine_ms, rtt, forward_ms, handler_ms, floor = [], [], [], [], []
+    engine_ms: list[float] = []
+    rtt: list[float] = []
+    forward_ms: list[float] = []
+    handler_ms: list[float] = []
     with Server(model, 1, 32, wait_ms, budget, precision=precision) as srv:
         # A bare keep-alive http.client connection: the figure is the server's overhead, and httpx's own
         # per-request cost (~0.4 ms more on this CPU, measured) would be counted in it otherwise.
@@ -229,18 +250,9 @@ def overhead(model: Path, texts: list[str], budget: float, wait_ms: float, preci
             for start in range(0, len(texts), BLOCK):
                 block = texts[start:start + BLOCK]
                 engine_ms += [engine_ms_for(t) for t in block]
-                for t in block:
-                    t0 = time.perf_counter()
-                    answer = post_classify(conn, t, budget)
-                    rtt.append((time.perf_counter() - t0) * 1e3)
-                    forward_ms.append(float(answer["results"][0]["latency_ms"]))
-                    handler_ms.append(float(answer["latency_ms"]))
+                _time_block(conn, block, budget, rtt, forward_ms, handler_ms)
             cpu = cpu_per_request(cpu_before, server_cpu_s(srv), len(texts))
-            for _ in texts:  # the floor: the same connection, a route that does nothing
-                t0 = time.perf_counter()
-                conn.request("GET", "/healthz")
-                conn.getresponse().read()
-                floor.append((time.perf_counter() - t0) * 1e3)
+            floor = [_healthz_ms(conn) for _ in texts]  # the floor: the same connection, a route that does nothing
         finally:
             conn.close()
             engine.close()
@@ -251,13 +263,21 @@ def overhead(model: Path, texts: list[str], budget: float, wait_ms: float, preci
         "overhead_median_ms": statistics.median(diffs), "overhead_p99_ms": pct(diffs, 0.99),
         "rtt_median_ms": statistics.median(rtt), "rtt_p99_ms": pct(rtt, 0.99),
         "engine_median_ms": statistics.median(engine_ms), "engine_p99_ms": pct(engine_ms, 0.99),
-        # Where the overhead goes: the server's own clock around /classify (handler) and around the forward
-        # pass alone (forward), and the round trip of /healthz (client, loopback TCP, uvicorn, middleware).
+        **_where_it_goes(handler_ms, forward_ms, floor, cpu),
+    }
+
+
+def _where_it_goes(handler_ms: list[float], forward_ms: list[float], floor: list[float],
+                   cpu: dict[str, Any]) -> dict[str, Any]:
+    """Where the overhead goes: the server's own clocks, the /healthz floor and the server's CPU per request."""
+    return {
+        # The server's own clock around /classify (handler) and around the forward pass alone (forward), and
+        # the round trip of /healthz (client, loopback TCP, uvicorn, middleware).
         "server_handler_median_ms": statistics.median(handler_ms),
         "server_forward_median_ms": statistics.median(forward_ms),
         "healthz_rtt_median_ms": statistics.median(floor),
         # The server's CPU over the timed requests, from its own counters: the part outside the forward passes
-        # is what serving costs besides the model (the issue-14 figure).
+        # is what serving costs besides the model.
         "server_cpu_ms_per_request": cpu["cpu_ms_per_request"],
         "server_engine_cpu_ms_per_request": cpu["engine_cpu_ms_per_request"],
         "server_other_cpu_ms_per_request": cpu["other_cpu_ms_per_request"],
