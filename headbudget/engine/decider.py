@@ -307,12 +307,3 @@ def passes_cost(costs: Sequence[Cost]) -> Cost:
 def pooled_features(embedded: np.ndarray, n_tokens: int) -> np.ndarray:
     """The predictor's features for one text: the mean of its embedding-layer output (N, D) and log(length)."""
     return np.concatenate([embedded.mean(axis=0), [math.log(n_tokens)]]).astype(np.float64)
-
-
-def OperatingPoint(target: float, mean_cost: float, accuracy: float, stages: tuple[float, ...] = (),  # noqa: N802
-                   thresholds: tuple[float, ...] = (), tau: float = 0.0) -> Point:
-    """A point of either kind from one signature (a cascade point where ``stages`` is given); new code builds
-    ``CascadePoint`` or ``PredictorPoint``."""
-    if stages:
-        return CascadePoint(target, mean_cost, accuracy, stages, thresholds)
-    return PredictorPoint(target, mean_cost, accuracy, tau)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from headbudget.engine.artifacts import checkpoint_digest
-from headbudget.engine.decider import Decider, OperatingPoint, save_decider
+from headbudget.engine.decider import CascadePoint, Decider, DeciderKind, save_decider
 from headbudget.loadtest.auto_latency import bracket, main
 
 
@@ -26,8 +26,8 @@ def test_auto_against_fixed_budgets_on_a_real_server(smoke_model_scope_checkpoin
     shutil.copytree(smoke_model_scope_checkpoint, folder, ignore=shutil.ignore_patterns("onnx"))
     labels = tuple(json.loads((folder / "config.json").read_text())["model"]["labels"])
     # A cascade whose threshold no answer reaches: every text runs 0.25, then 0.5.
-    point = OperatingPoint(0.5, 0.5, 0.9, stages=(0.25, 0.5), thresholds=(1.01,))
-    save_decider(Decider("cascade", (point,), 0, checkpoint_digest(folder), labels), folder)
+    point = CascadePoint(0.5, 0.5, 0.9, stages=(0.25, 0.5), thresholds=(1.01,))
+    save_decider(Decider(DeciderKind.CASCADE, (point,), 0, checkpoint_digest(folder), labels), folder)
     data = tmp_path / "data"
     data.mkdir()
     with open(data / "test.csv", "w", newline="", encoding="utf-8") as f:

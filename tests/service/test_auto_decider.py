@@ -15,7 +15,7 @@ import pytest
 
 from headbudget.client import AsyncClient
 from headbudget.engine.base import EngineBase
-from headbudget.engine.decider import Decider, OperatingPoint, passes_cost, save_decider
+from headbudget.engine.decider import CascadePoint, Decider, DeciderKind, passes_cost, save_decider
 from headbudget.engine.factory import load_engine, model_info
 from headbudget.engine.types import Auto, BatchResult, EngineOptions
 from headbudget.service.settings import parse_config
@@ -40,7 +40,7 @@ TEXTS = ["a", "ab", "abc", "abcd"]  # odd lengths are "unsure" at the cheap stag
 
 def cascade(labels: Sequence[str], checksum: str = "0" * 64, stages: tuple[float, ...] = (0.25, 0.5),
             threshold: float = 0.9) -> Decider:
-    return Decider("cascade", (OperatingPoint(0.3, 0.3, 0.9, stages=stages, thresholds=(threshold,)),), 0,
+    return Decider(DeciderKind.CASCADE, (CascadePoint(0.3, 0.3, 0.9, stages=stages, thresholds=(threshold,)),), 0,
                    checksum, tuple(labels))
 
 
