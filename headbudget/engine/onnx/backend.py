@@ -86,7 +86,6 @@ class Layout(StrEnum):
 class OnnxEngine(EngineBase):
     """Serves every budget of one checkpoint from lazily created, cached ORT sessions."""
 
-    _bare: tuple[tuple[int, int], tuple[Any, Any]] | None = None  # bare_run's wrapped inputs, by the arrays' ids
 
     def __init__(self, model_dir: Path, options: EngineOptions, info: ModelInfo) -> None:
         _, cfg = checkpoint_config(model_dir)
@@ -252,15 +251,6 @@ class OnnxEngine(EngineBase):
 
     def embedding_tables(self) -> Embeddings:
         return self.store.embeddings
-
-    def bare_run(self, input_ids: np.ndarray, attention_mask: np.ndarray, budget: float) -> object:
-        """The session run alone, feeds prepared outside the timing path (the benchmark's overhead split)."""
-        sess, feeds = self._runner(self.plan(budget))
-        key = (id(input_ids), id(attention_mask))
-        if self._bare is None or self._bare[0] != key:  # wrap once: the timing loop reuses the same arrays
-            self._bare = key, (sess.value(input_ids), sess.value(attention_mask))
-        feeds["input_ids"], feeds["attention_mask"] = self._bare[1]
-        return sess.run(feeds, self._run_options)
 
     def warmup(self) -> None:
         """Create every session the budget grid needs and run each once on a short input. A checkpoint without
