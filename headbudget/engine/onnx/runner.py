@@ -1,7 +1,7 @@
 """ONNX Runtime's per-call path behind one seam: the C-level session where this ORT has it, the public API else.
 
 Why private attributes at all: ``InferenceSession.run`` and its ``run_with_ort_values`` check and convert every
-feed in Python, ~20 us a call, while the C-level session (``sess._sess``) takes C-level OrtValues
+feed in Python on every call, while the C-level session (``sess._sess``) takes C-level OrtValues
 (``OrtValue._get_c_value()``) as they are. Both are private and may change in any ORT release, so they are used
 only here, only when present, and ``PRIVATE = False`` (or an ORT without them) gives the same answers through
 the public API (tests/engine/test_runner.py checks both paths agree).
