@@ -21,7 +21,7 @@ from headbudget.engine.protocol import Engine, Meter
 from headbudget.engine.types import Auto, BatchResult, BudgetRequest, LatencyTarget, ModelInfo, Tokens
 from headbudget.service.compute import ComputeUnit, Quote, units
 from headbudget.service.errors import Overloaded
-from headbudget.service.jobs import Job, JobResult
+from headbudget.service.jobs import Job, JobResult, joined
 from headbudget.service.latency import LatencyModel
 from headbudget.service.metrics import Metrics
 from headbudget.service.planner import FairShare, Planner
@@ -73,8 +73,8 @@ class Batcher:
 
     @property
     def depth(self) -> int:
-        """Requests waiting."""
-        return len(self._pending)
+        """Requests waiting (a request queued as parts counts once)."""
+        return len({id(j.request_job) for j in self._pending})
 
     # -- admission (event loop) -------------------------------------------------------------------------
     def submit(self, texts: list[str], tier: TierConfig, request: BudgetRequest, owner: str = "",
@@ -90,6 +90,7 @@ class Batcher:
         like any numeric budget and they batch with numeric jobs of the same plan.
         """
         job = self._new_job(texts, tier, request, owner, priced)
+        job.parts = self._split(job)
         with self._cond:
             pending = list(self._pending)
             self._check_room(tier, pending)
@@ -99,11 +100,41 @@ class Batcher:
             # Idle means no queue and no forward pass, not "no recent arrival": a client that sends its next
             # request as soon as its answer comes (batch 1) never waits a batch window, whatever its round trip.
             job.alone = not self._pending and not self._forwarding
-            self._fair.admit(job)
-            self._pending.append(job)
-            self._metrics.queue_depth.set(len(self._pending))
+            for queued in job.parts or [job]:  # parts in order: each starts where its key's previous one ends
+                queued.alone = job.alone
+                self._fair.admit(queued)
+                self._pending.append(queued)
+            self._metrics.queue_depth.set(self.depth)
             self._cond.notify_all()
         return job
+
+    def _split(self, job: Job) -> list[Job]:
+        """``job``'s texts in order as parts of at most one pass each; none when it fits in one pass, or asks for
+        a latency target (its budget is chosen for the request as a whole)."""
+        assert self.latency is not None and self.planner is not None
+        budget, limit_ms = self.planner.stated(job), self.server.max_pass_ms
+        if len(job.texts) < 2 or isinstance(job.request, LatencyTarget) or \
+                self.latency.estimate_ms(budget, job.tokens) <= limit_ms:
+            return []
+        ids = job.token_ids
+        tokens = [len(t) for t in ids.ids] if ids is not None else \
+            [self.latency.estimate_tokens([text]) for text in job.texts]
+        cuts, run = [0], 0
+        for i, n in enumerate(tokens):
+            if i > cuts[-1] and self.latency.estimate_ms(budget, run + n) > limit_ms:
+                cuts.append(i)
+                run = 0
+            run += n
+        cuts.append(len(tokens))
+        total = max(1, sum(tokens))
+        parts = []
+        for k, (a, b) in enumerate(zip(cuts, cuts[1:], strict=False)):
+            part = Job(job.texts[a:b], job.tier, job.request, sum(tokens[a:b]), job.loop.create_future(), job.loop,
+                       counted=job.counted, owner=job.owner, charge=job.charge * sum(tokens[a:b]) // total,
+                       token_ids=Tokens(ids.ids[a:b], ids.truncated[a:b]) if ids is not None else None,
+                       tokenize_cpu_s=job.tokenize_cpu_s if k == 0 else 0.0, parent=job, index=k)
+            parts.append(part)
+        return parts
 
     def _new_job(self, texts: list[str], tier: TierConfig, request: BudgetRequest, owner: str,
                  priced: Quote | None) -> Job:
@@ -124,9 +155,9 @@ class Batcher:
         """Overloaded when the server is stopping or the queue, or the tier's share of it, is full (under _cond)."""
         if self._stopping:
             raise Overloaded("the server is shutting down", retry_after_s=1)
-        if len(pending) >= self.server.queue_size:
+        if len({id(j.request_job) for j in pending}) >= self.server.queue_size:
             raise Overloaded("the queue is full", retry_after_s=self._drain_s(pending))
-        if sum(1 for j in pending if j.tier.name == tier.name) >= tier.max_queue:
+        if len({id(j.request_job) for j in pending if j.tier.name == tier.name}) >= tier.max_queue:
             raise Overloaded(f"the queue of tier {tier.name!r} is full", retry_after_s=self._drain_s(pending))
 
     def _check_in_time(self, job: Job, pending: list[Job]) -> None:
@@ -148,11 +179,12 @@ class Batcher:
     def cancel(self, job: Job) -> None:
         """Drop a job whose client went away (a running batch still finishes; its answer is discarded)."""
         with self._cond:
-            job.cancelled = True
-            if job in self._pending:
-                self._pending.remove(job)
-                self._fair.withdraw(job)
-                self._metrics.queue_depth.set(len(self._pending))
+            for queued in reversed(job.parts or [job]):  # the latest first: each gives its key's time back
+                queued.cancelled = True
+                if queued in self._pending:
+                    self._pending.remove(queued)
+                    self._fair.withdraw(queued)
+            self._metrics.queue_depth.set(self.depth)
 
     def _set_idle(self) -> None:
         with self._cond:
@@ -211,18 +243,19 @@ class Batcher:
                     sum(len(j.texts) for j in self._pending) < self.server.max_batch_size:
                 self._cond.wait(max(0.0, window_end - time.monotonic()))
             self._expire_locked()
-            snapshot = sorted(self._pending, key=Job.order)
+            snapshot = sorted((j for j in self._pending if not j.cancelled), key=Job.order)
         if not snapshot:
             return True
         self._count_tokens(snapshot)
-        batch, applied, wants = self.planner.plan(snapshot, time.monotonic(), self.server.max_batch_size)
+        batch, applied, wants = self.planner.plan(snapshot, time.monotonic(), self.server.max_batch_size,
+                                                  self.server.max_pass_ms / 1000.0)
         budget = applied[batch[0].seq]
         with self._cond:
             batch = [j for j in batch if not j.cancelled and j in self._pending]
             for j in batch:
                 self._pending.remove(j)
             self._fair.served(batch)
-            self._metrics.queue_depth.set(len(self._pending))
+            self._metrics.queue_depth.set(self.depth)
             if batch:
                 self._running_until = time.monotonic() + sum(self.planner.cost_s(j, budget) for j in batch)
                 # Set with the batch's removal, under the lock: a request submitted in between must not find
@@ -233,14 +266,17 @@ class Batcher:
         return True
 
     def _expire_locked(self) -> None:
+        """Answer 503 to what waited too long, and drop the parts of a request that failed or went away."""
         now = time.monotonic()
         expired = [j for j in self._pending if now - j.enqueued > self.server.request_timeout_s]
+        dropped = [j for j in self._pending if j.cancelled]
         for job in expired:
+            _deliver(job, Overloaded("timed out waiting for the model", retry_after_s=1))
+        for job in [*expired, *(j for j in dropped if j not in expired)]:
             self._pending.remove(job)
             self._fair.withdraw(job)
-            _deliver(job, Overloaded("timed out waiting for the model", retry_after_s=1))
-        if expired:  # a gauge write is a lock and, with several workers, a shared file's: only on a change
-            self._metrics.queue_depth.set(len(self._pending))
+        if expired or dropped:  # a gauge write is a lock and, with several workers, a shared file's: only on a change
+            self._metrics.queue_depth.set(self.depth)
 
     def _count_tokens(self, jobs: list[Job]) -> None:
         """Exact token counts for the requests whose budget depends on their length."""
@@ -337,6 +373,9 @@ def _deliver(job: Job, outcome: JobResult | BaseException) -> None:
     """Hand a result or error to the waiting coroutine, from the engine thread."""
 
     def _set() -> None:
+        if job.parent is not None:
+            _part_done(job, job.parent, outcome)
+            return
         if job.future.done():
             return
         if isinstance(outcome, BaseException):
@@ -348,3 +387,18 @@ def _deliver(job: Job, outcome: JobResult | BaseException) -> None:
         job.loop.call_soon_threadsafe(_set)
     except RuntimeError:  # the loop is closed: nobody is waiting any more
         pass
+
+
+def _part_done(part: Job, request: Job, outcome: JobResult | BaseException) -> None:
+    """A part's answer, on the event loop: the request's once every part has one, or the first part's error (its
+    other parts are then dropped from the queue)."""
+    if request.future.done():
+        return
+    if isinstance(outcome, BaseException):
+        for other in request.parts:
+            other.cancelled = True
+        request.future.set_exception(outcome)
+        return
+    request.answered[part.index] = outcome
+    if len(request.answered) == len(request.parts):
+        request.future.set_result(joined([request.answered[i] for i in range(len(request.parts))]))

@@ -54,8 +54,29 @@ class Job:
     start_tag: int = 0  # its virtual start (FairShare): set at admission
     token_ids: Tokens | None = None  # its texts' token ids, where admission priced it (Quote)
     tokenize_cpu_s: float = 0.0  # CPU time tokenizing them took
+    # A request over one pass (ServerConfig.max_pass_ms) is queued as parts, each a Job of some of its texts in
+    # order; the request's own Job waits on their results.
+    parts: list[Job] = field(default_factory=list)
+    parent: Job | None = None
+    answered: dict[int, JobResult] = field(default_factory=dict)  # part index -> its result (on the parent)
+    index: int = 0  # a part's place among its parent's parts
 
     def order(self) -> tuple[int, int, int]:
         """Sort key of the service order: priority first, then the keys' fair share of compute, then arrival."""
         return (-self.tier.priority, self.start_tag, self.seq)
+
+    @property
+    def request_job(self) -> Job:
+        """The Job of the request this one serves: its parent, or itself."""
+        return self.parent or self
+
+
+def joined(parts: list[JobResult]) -> JobResult:
+    """One request's result from its parts' (in order): their predictions, the lowest budget any part ran at, the
+    engine time of all its passes, and the wait before its first."""
+    low = min(parts, key=lambda r: r.budget_applied)
+    return JobResult(predictions=[p for r in parts for p in r.predictions], budget_requested=parts[0].budget_requested,
+                     budget_applied=low.budget_applied, heads_active=low.heads_active, heads_total=low.heads_total,
+                     latency_s=sum(r.latency_s for r in parts), queue_s=parts[0].queue_s,
+                     degraded=any(r.degraded for r in parts), auto=parts[0].auto)
 

@@ -25,6 +25,7 @@ keys (``FairShare``), then arrival.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 
 from headbudget.engine.protocol import Engine
@@ -116,21 +117,25 @@ class Planner:
                 hi = mid
         return self.grid[lo]
 
-    def plan(self, jobs: Sequence[Job], now: float, max_batch: int
+    def plan(self, jobs: Sequence[Job], now: float, max_batch: int, max_pass_s: float = math.inf
              ) -> tuple[list[Job], dict[int, float], dict[int, float]]:
-        """(the next batch, applied budget per job seq, wanted budget per job seq); ``jobs`` in service order."""
+        """(the next batch, applied budget per job seq, wanted budget per job seq); ``jobs`` in service order. A
+        batch holds at most ``max_batch`` texts and, beyond its first job, at most ``max_pass_s`` of estimated
+        work: the queue is looked at again after each pass."""
         wants = {j.seq: self.want(j, now) for j in jobs}
         level = self.degrade_level(jobs, wants, now)
         applied = {j.seq: self._effective(j, wants[j.seq], level) for j in jobs}
         head = jobs[0]
         key = self.key(head, applied[head.seq])
-        batch, n_texts = [head], len(head.texts)
+        batch, n_texts, work_s = [head], len(head.texts), self.cost_s(head, applied[head.seq])
         for job in jobs[1:]:
-            if n_texts + len(job.texts) > max_batch:
+            if n_texts + len(job.texts) > max_batch or self.key(job, applied[job.seq]) != key:
                 continue
-            if self.key(job, applied[job.seq]) == key:
-                batch.append(job)
-                n_texts += len(job.texts)
+            cost = self.cost_s(job, applied[job.seq])
+            if work_s + cost > max_pass_s:
+                continue
+            batch.append(job)
+            n_texts, work_s = n_texts + len(job.texts), work_s + cost
         return batch, applied, wants
 
 

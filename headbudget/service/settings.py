@@ -192,6 +192,10 @@ class ServerConfig(_Strict):
     # this above idle (docs/results.md, 'Memory under large requests'; deploy/kubernetes sizes pods by it). Read
     # at start-up; a reload keeps the running value.
     max_activation_mb: Annotated[int, Field(ge=16, le=1 << 20)] = 128
+    # The most engine work one batch runs, as the latency model estimates it, before the queue is looked at again:
+    # a request over it runs as several passes, and between them the fair queue serves other keys (a key waits
+    # at most about one pass of another's). A single text over it runs alone.
+    max_pass_ms: Annotated[float, Field(gt=0, le=60_000, allow_inf_nan=False)] = 50.0
 
 
 class StateConfig(_Strict):

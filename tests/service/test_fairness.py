@@ -234,3 +234,94 @@ async def test_another_keys_long_pass_does_not_refuse_a_short_request() -> None:
     assert r_heavy.status_code == 200 and r_light.status_code == 200, r_light.text
     assert r_light2.status_code == 200, r_light2.text
     assert queued.status_code == 503 and "min_budget" in queued.json()["error"]["message"]
+
+
+# -- a request over one pass runs as parts ---------------------------------------------------------------------
+BENCH = {"seq_len": 10, "batch_size": 1, "rows": [{"budget": 0.1, "latency_ms": 0.1}, {"budget": 1.0, "latency_ms": 1.0}]}
+
+
+def pass_config(**server: Any) -> ServiceConfig:
+    """Batches of up to 32 texts, no batch window, passes of at most 1.2 ms as the fake's bench estimates them
+    (1 ms per 10 tokens at b = 1: one or two of the texts below at b = 0.5), and the three keys of the cheap
+    tier."""
+    d = config_dict(max_wait_ms=0, max_batch_size=32, **{"max_pass_ms": 1.2, **server})
+    d["keys"] += [{"sha256": hash_key(k), "tier": "cheap", "name": name} for name, k in KEYS.items()]
+    return parse_config(d)
+
+
+def heavy_texts(n: int) -> list[str]:
+    return [f"heavy {i:02d} " + "word " * 7 for i in range(n)]
+
+
+@pytest.mark.anyio
+async def test_a_request_over_one_pass_runs_in_parts_and_another_key_runs_between_them() -> None:
+    """Eight texts of about 13 tokens run as passes of at most two; a light key's request that arrives behind them
+    runs after the first pass, not after the whole request; the heavy answer is the same as in one pass."""
+    engine = FakeEngine(bench=BENCH)
+    engine.gate.clear()
+    async with running_app(pass_config(), engine=engine) as (client, _, _):
+        blocker = asyncio.create_task(client.post("/classify", json={"text": "blocker"}, headers=headers("quality")))
+        await asyncio.sleep(0.1)
+        heavy = asyncio.create_task(client.post("/classify?budget=0.5", json={"texts": heavy_texts(8)},
+                                                headers=key("heavy")))
+        await asyncio.sleep(0.05)
+        light = asyncio.create_task(client.post("/classify?budget=0.5", json={"text": "light one"},
+                                                headers=key("light")))
+        await asyncio.sleep(0.05)
+        engine.gate.set()
+        rs = await asyncio.gather(blocker, heavy, light)
+    assert [r.status_code for r in rs] == [200] * 3, [r.text for r in rs]
+    passes = [texts for texts, _ in engine.calls[1:]]
+    assert len(passes) >= 4 and all(len(p) <= 2 for p in passes), passes
+    assert passes[1] == ["light one"] and passes[0][0].startswith("heavy 00"), passes
+    assert [t for p in passes if p[0].startswith("heavy") for t in p] == heavy_texts(8)  # in order, each once
+    alone = FakeEngine(bench=BENCH)
+    async with running_app(pass_config(max_pass_ms=1000), engine=alone) as (client, _, _):
+        whole = await client.post("/classify?budget=0.5", json={"texts": heavy_texts(8)}, headers=key("heavy"))
+    assert len(alone.calls) == 1
+    fields = ("label", "scores", "budget_applied", "cost", "n_tokens", "charge")
+    assert [{f: r[f] for f in fields} for r in rs[1].json()["results"]] == \
+        [{f: r[f] for f in fields} for r in whole.json()["results"]]
+    assert rs[1].json()["charge"] == whole.json()["charge"]
+
+
+@pytest.mark.anyio
+async def test_the_queue_bound_counts_requests_not_their_parts() -> None:
+    engine = FakeEngine(bench=BENCH)
+    engine.gate.clear()
+    async with running_app(pass_config(queue_size=2), engine=engine) as (client, app, _):
+        blocker = asyncio.create_task(client.post("/classify", json={"text": "blocker"}, headers=headers("quality")))
+        await asyncio.sleep(0.1)
+        heavy = asyncio.create_task(client.post("/classify?budget=0.5", json={"texts": heavy_texts(8)},
+                                                headers=key("heavy")))
+        await asyncio.sleep(0.05)
+        light = asyncio.create_task(client.post("/classify", json={"text": "light one"}, headers=key("light")))
+        await asyncio.sleep(0.05)
+        assert app.state.runtime.batcher.depth == 2
+        third = await client.post("/classify", json={"text": "one too many"}, headers=key("other"))
+        engine.gate.set()
+        rs = await asyncio.gather(blocker, heavy, light)
+    assert third.status_code == 503 and third.json()["error"]["code"] == "overloaded", third.text
+    assert [r.status_code for r in rs] == [200] * 3
+
+
+@pytest.mark.anyio
+async def test_a_client_gone_takes_every_part_of_its_request_out_of_the_queue() -> None:
+    engine = FakeEngine(bench=BENCH)
+    engine.gate.clear()
+    async with running_app(pass_config(), engine=engine) as (client, app, _):
+        blocker = asyncio.create_task(client.post("/classify", json={"text": "blocker"}, headers=headers("quality")))
+        await asyncio.sleep(0.1)
+        gone = asyncio.create_task(client.post("/classify?budget=0.5", json={"texts": heavy_texts(8)},
+                                               headers=key("heavy")))
+        await asyncio.sleep(0.1)
+        batcher = app.state.runtime.batcher
+        assert batcher.depth == 1 and len(batcher._pending) >= 4  # one request, queued as its parts
+        gone.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        await asyncio.sleep(0.1)
+        assert batcher.depth == 0 and not batcher._pending
+        engine.gate.set()
+        assert (await blocker).status_code == 200
+    assert [t for t, _ in engine.calls] == [["blocker"]]
