@@ -8,8 +8,9 @@ across the workers) or each worker keeping its own:
 2. the same, while the heavy key's clients send 64 long texts per request one after another (closed loop, waiting
    out Retry-After on 429 and 503).
 Writes ``light_p99_alone_ms``, ``light_p99_with_heavy_ms``, ``longest_pass_ms`` (the longest forward pass an answer
-reports: the longest work a worker runs without a break, during which nothing else can start), ``status_counts``
-per key, the bound the light key is held to (1.5 x its p99 alone plus the longest pass), and the machine, date,
+reports: the longest work a worker runs without a break, during which nothing else can start; also as
+``pass_ms_max``), ``status_counts`` per key and ``light_non200``, the heavy key's answers and compute units per
+minute, the bound the light key is held to (1.5 x its p99 alone plus the longest pass), and the machine, date,
 commit, command and checkpoint. Exit status: 0 when nothing was answered 5xx and the light key's p99 held the bound,
 1 otherwise, 2 when the run could not be made.
 """
@@ -121,7 +122,7 @@ class Tally:
 
     codes: dict[str, int] = field(default_factory=dict)
     latency_ms: list[float] = field(default_factory=list)  # of the 200s
-    forward_ms: list[float] = field(default_factory=list)  # the forward pass each 200 reports
+    forward_ms: list[float] = field(default_factory=list)  # the longest forward pass each 200 reports
     charges: list[float] = field(default_factory=list)  # compute units each 200 was charged
     tokens: list[int] = field(default_factory=list)  # the longest text of each 200, in tokens
     retry_after: dict[str, int] = field(default_factory=dict)  # status -> answers of it that carried Retry-After
@@ -137,7 +138,7 @@ class Tally:
         if r.status_code == 200:
             body = r.json()
             self.latency_ms.append(latency_ms)
-            self.forward_ms.append(float(body["results"][0]["latency_ms"]))
+            self.forward_ms.append(max(float(x["latency_ms"]) for x in body["results"]))
             self.charges.append(float(body["charge"]))
             self.tokens.append(max(int(x["n_tokens"]) for x in body["results"]))
 
@@ -195,14 +196,16 @@ async def heavy_clients(url: str, key: str, users: int, texts: list[str], stop: 
 
 
 async def with_heavy(url: str, keys: dict[str, str], light_rps: float, seconds: float, users: int,
-                     texts: list[str]) -> tuple[Tally, Tally]:
-    """The light key's open loop while the heavy clients run (they start a second before it, stop after it)."""
-    stop = asyncio.Event()
+                     texts: list[str]) -> tuple[Tally, Tally, float]:
+    """The light key's open loop while the heavy clients run (they start a second before it, stop after it), and
+    the seconds the heavy clients ran."""
+    stop, started = asyncio.Event(), time.perf_counter()
     heavy = asyncio.create_task(heavy_clients(url, keys["heavy"], users, texts, stop))
     await asyncio.sleep(1.0)
     light = await open_loop(url, keys["light"], light_rps, seconds)
     stop.set()
-    return light, await heavy
+    heavy_tally = await heavy
+    return light, heavy_tally, time.perf_counter() - started
 
 
 # -- the run ---------------------------------------------------------------------------------------------------
@@ -210,8 +213,9 @@ def _p99(xs: list[float]) -> float | None:
     return round(pct(xs, 0.99), 3) if xs else None
 
 
-def _figures(alone: Tally, light: Tally, heavy: Tally) -> dict[str, Any]:
-    """The light client's latency alone and beside the heavy one, against its bound, and what each was charged."""
+def _figures(alone: Tally, light: Tally, heavy: Tally, heavy_s: float) -> dict[str, Any]:
+    """The light client's latency alone and beside the heavy one (which ran ``heavy_s``), against its bound, and
+    what each was charged."""
     longest = max([*alone.forward_ms, *light.forward_ms, *heavy.forward_ms], default=0.0)
     p99_alone, p99_with = _p99(alone.latency_ms), _p99(light.latency_ms)
     bound = round(1.5 * p99_alone + longest, 3) if p99_alone is not None else None
@@ -222,6 +226,10 @@ def _figures(alone: Tally, light: Tally, heavy: Tally) -> dict[str, Any]:
         "longest_pass_ms": round(longest, 3),
         "light_p99_bound_ms": bound,  # 1.5 x the p99 alone plus one longest pass
         "light_within_bound": p99_with is not None and bound is not None and p99_with <= bound,
+        "pass_ms_max": round(longest, 3),  # the longest forward pass any answer reports
+        "light_non200": sum(n for s, n in light.codes.items() if s != "200"),
+        "heavy_answers_per_min": round(len(heavy.charges) * 60 / heavy_s, 2),
+        "heavy_units_per_min": round(sum(heavy.charges) * 60 / heavy_s, 3),
         "status_counts": {"light_alone": alone.codes, "light": light.codes, "heavy": heavy.codes},
         "retry_after_counts": {"light_alone": alone.retry_after, "light": light.retry_after,
                                "heavy": heavy.retry_after},
@@ -249,7 +257,7 @@ def measure(model: Path, config: Path, tier: str, workers: int, seconds: float, 
     with local_redis(redis) as redis_url, \
             Server(model, workers, config_text=server_config(base, tier, keys, redis_url), precision=precision) as srv:
 
-        async def run() -> tuple[Tally, Tally, Tally]:
+        async def run() -> tuple[Tally, Tally, Tally, float]:
             warm = Tally()  # the workers run both shapes once before anything is timed (the quota may refuse some)
             async with httpx.AsyncClient(base_url=srv.url, timeout=300, headers={"X-API-Key": keys["warmup"]}) as c:
                 for _ in range(2 * workers):
@@ -258,12 +266,12 @@ def measure(model: Path, config: Path, tier: str, workers: int, seconds: float, 
             if not warm.codes.get("200") or set(warm.codes) - {"200", "429"}:
                 raise RuntimeError(f"the warm-up was answered {warm.codes}")
             alone = await open_loop(srv.url, keys["light"], light_rps, seconds)
-            light, heavy = await with_heavy(srv.url, keys, light_rps, seconds, heavy_users, texts)
-            return alone, light, heavy
+            light, heavy, heavy_s = await with_heavy(srv.url, keys, light_rps, seconds, heavy_users, texts)
+            return alone, light, heavy, heavy_s
 
-        alone, light, heavy = asyncio.run(run())
+        alone, light, heavy, heavy_s = asyncio.run(run())
     return {
-        **_figures(alone, light, heavy),
+        **_figures(alone, light, heavy, heavy_s),
         "setup": {"tier": tier, "tier_settings": base["tiers"][tier], "workers": workers,
                   "state": "redis (quotas shared by the workers)" if redis_url else "memory (a quota per worker)",
                   "seconds_per_phase": seconds, "light_rps": light_rps, "heavy_users": heavy_users,

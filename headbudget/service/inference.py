@@ -255,15 +255,17 @@ async def classify(runtime: Runtime, caller: Caller, body: ClassifyRequest, choi
     assert info is not None
     requested: float | str = "auto" if choice.auto else float(result.budget_requested)
     latency_ms, degraded = round(result.latency_s * 1000, 3), result.degraded
+    # a request run in parts: each text's own pass
+    pass_ms = [round(s * 1000, 3) for s in result.pass_s] if result.pass_s else [latency_ms] * len(result.predictions)
     results = [{
         "label": p.label, "scores": p.scores, "budget_requested": requested, "budget_applied": float(b),
         "budget_chosen": p.budget_chosen, "passes": list(p.passes) if p.passes else None,
         "heads_active": p.cost.heads_active, "heads_total": p.cost.heads_total,
         "neurons_active": p.cost.neurons_active, "neurons_total": p.cost.neurons_total,
         "cost": round(p.cost.ratio, 6), "attention_cost": round(p.cost.attention_ratio, 6),
-        "truncated": p.truncated, "n_tokens": p.n_tokens, "latency_ms": latency_ms, "degraded": degraded,
+        "truncated": p.truncated, "n_tokens": p.n_tokens, "latency_ms": ms, "degraded": degraded,
         "charge": units(c)}
-        for p, b, c in zip(result.predictions, answered.applied, answered.bill.texts, strict=True)]
+        for p, b, c, ms in zip(result.predictions, answered.applied, answered.bill.texts, pass_ms, strict=True)]
     return {
         "model": {"name": info.name, "checksum": info.checksum}, "request_id": request.state.request_id,
         "tier": caller.tier.name, "budget_source": choice.source, "max_latency_ms": choice.max_latency_ms,

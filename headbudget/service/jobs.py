@@ -25,10 +25,11 @@ class JobResult:
     budget_applied: float
     heads_active: int
     heads_total: int
-    latency_s: float  # forward pass of the batch
+    latency_s: float  # forward pass of the batch (a request run in parts: all its passes)
     queue_s: float  # wait before the batch started
     degraded: bool
     auto: bool = False  # ran as an Auto, through the checkpoint's decider: metrics label it "auto"
+    pass_s: tuple[float, ...] = ()  # a request run in parts: the forward pass each text ran in (else latency_s)
 
 
 @dataclass(eq=False)
@@ -73,10 +74,11 @@ class Job:
 
 def joined(parts: list[JobResult]) -> JobResult:
     """One request's result from its parts' (in order): their predictions, the lowest budget any part ran at, the
-    engine time of all its passes, and the wait before its first."""
+    engine time of all its passes and the pass each text ran in, and the wait before its first."""
     low = min(parts, key=lambda r: r.budget_applied)
     return JobResult(predictions=[p for r in parts for p in r.predictions], budget_requested=parts[0].budget_requested,
                      budget_applied=low.budget_applied, heads_active=low.heads_active, heads_total=low.heads_total,
                      latency_s=sum(r.latency_s for r in parts), queue_s=parts[0].queue_s,
-                     degraded=any(r.degraded for r in parts), auto=parts[0].auto)
+                     degraded=any(r.degraded for r in parts), auto=parts[0].auto,
+                     pass_s=tuple(r.latency_s for r in parts for _ in r.predictions))
 

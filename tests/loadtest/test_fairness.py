@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import tomllib
 from pathlib import Path
 
@@ -28,10 +27,8 @@ def test_fairness_run_writes_its_figures_and_nothing_is_5xx(tiny_checkpoint: Pat
     cfg = tmp_path / "service.toml"
     cfg.write_text(to_toml(config))
     out = tmp_path / "fairness.json"
-    started = time.monotonic()
     rc = main(["--model", str(tiny_checkpoint), "--config", str(cfg), "--out", str(out), "--seconds", "3",
                "--light-rps", "5", "--long-words", "200", "--precision", "fp32"])
-    assert time.monotonic() - started < 60
     doc = json.loads(out.read_text())
     assert rc == (0 if doc["light_within_bound"] else 1)
     for k in ("light_p99_alone_ms", "light_p99_with_heavy_ms", "longest_pass_ms", "light_p99_bound_ms"):
@@ -47,6 +44,11 @@ def test_fairness_run_writes_its_figures_and_nothing_is_5xx(tiny_checkpoint: Pat
     assert sum(counts["light_alone"].values()) == sum(counts["light"].values()) == 15  # 5 a second for 3 s
     assert counts["heavy"].get("200", 0) >= 1 and counts["heavy"].get("429", 0) >= 1
     assert doc["retry_after_counts"]["heavy"]["429"] == counts["heavy"]["429"]  # every 429 says when to come back
+    assert doc["pass_ms_max"] == doc["longest_pass_ms"] and doc["light_non200"] == 0
+    heavy_answers = counts["heavy"]["200"]
+    assert doc["heavy_answers_per_min"] > 0 and doc["heavy_units_per_min"] == pytest.approx(
+        doc["heavy_answers_per_min"] * doc["heavy_charge_units"], rel=1e-3)  # one text length: one charge
+    assert heavy_answers >= 1
     assert doc["heavy_tokens_per_text"] == 128 and doc["heavy_charge_units"] > 100 * doc["light_charge_units"]
     setup = doc["setup"]
     assert setup["workers"] == 2 and setup["tier"] == "cheap" and setup["tier_settings"]["compute_per_minute"] == 12000
