@@ -34,11 +34,10 @@ Cache = Literal["cold", "warm", "steady"]
 #   requests switch budget (and model) call by call;
 # - warm: one untimed call of the same method on the same input;
 # - steady: a run of calls of the same method back to back (a batch job's pattern): the rounds go in blocks of
-#   STEADY_BLOCK texts, and each method times a block right after an untimed pass over it. Why both: on this
-#   CPU one call does not refill the caches; b = 0.25 at AG News lengths took 2.87 ms after b = 1, 2.71 after
-#   one untimed call, 2.49 after eight and 2.40 in a long run of its own. Its 10 MB of weights fit the 32 MB
-#   L3, b = 1's 42 MB do not. The served path is the cold case even at one budget: the server's own work
-#   between two passes stirs the caches (docs/results.md, 'Cache state and the small budgets').
+#   STEADY_BLOCK texts, and each method times a block right after an untimed pass over it. Why both: one call
+#   does not refill the caches, so a budget's time depends on what ran before it. The served path is the cold
+#   case even at one budget: the server's own work between two passes stirs the caches (docs/results.md, 'Cache
+#   state and the small budgets').
 CACHES: tuple[Cache, ...] = ("cold", "warm", "steady")
 STEADY_BLOCK = 10
 

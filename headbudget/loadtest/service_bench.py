@@ -236,7 +236,7 @@ def overhead(model: Path, texts: list[str], budget: float, wait_ms: float, preci
     handler_ms: list[float] = []
     with Server(model, 1, 32, wait_ms, budget, precision=precision) as srv:
         # A bare keep-alive http.client connection: the figure is the server's overhead, and httpx's own
-        # per-request cost (~0.4 ms more on this CPU, measured) would be counted in it otherwise.
+        # per-request cost would be counted in it otherwise.
         conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
         try:
             for t in texts[:20]:  # warm the connection and the server's caches
@@ -244,8 +244,8 @@ def overhead(model: Path, texts: list[str], budget: float, wait_ms: float, preci
             # Paired in time, block by block: this process's engine on a block of texts, then the server on
             # the same block, so drift in the machine's speed (a shared VM here) hits both sides alike. One
             # engine call per text, as the server makes one; blocks, not text by text, because two copies of
-            # the model taking turns evict each other's weights from the shared cache, which made the
-            # server's forward pass ~0.5 ms slower than in steady state (traced on this CPU).
+            # the model taking turns evict each other's weights from the shared cache, which slows the server's
+            # forward pass below its steady state.
             cpu_before = server_cpu_s(srv, start=True)
             for start in range(0, len(texts), BLOCK):
                 block = texts[start:start + BLOCK]
