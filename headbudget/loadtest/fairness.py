@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import random
 import shutil
 import socket
@@ -245,8 +246,10 @@ def _figures(alone: Tally, light: Tally, heavy: Tally, heavy_s: float) -> dict[s
 
 
 def measure(model: Path, config: Path, tier: str, workers: int, seconds: float, light_rps: float, heavy_users: int,
-            heavy_texts: int, long_words: int, precision: str, redis: bool, command: str) -> dict[str, Any]:
-    """Run both phases on one server; the figures and what they were measured on."""
+            heavy_texts: int, long_words: int, precision: str, redis: bool, command: str,
+            cpus: tuple[str | None, str | None] = (None, None)) -> dict[str, Any]:
+    """Run both phases on one server; the figures and what they were measured on. ``cpus``: the cores of the
+    server and of the clients (taskset lists; None: any)."""
     from headbudget.experiments.bench import code_commit, cpu_name
 
     base = tomllib.loads(config.read_text(encoding="utf-8"))
@@ -255,7 +258,10 @@ def measure(model: Path, config: Path, tier: str, workers: int, seconds: float, 
     keys = {name: new_key() for name in ("light", "heavy", "warmup")}
     texts = long_texts(heavy_texts, long_words)
     with local_redis(redis) as redis_url, \
-            Server(model, workers, config_text=server_config(base, tier, keys, redis_url), precision=precision) as srv:
+            Server(model, workers, config_text=server_config(base, tier, keys, redis_url), precision=precision,
+                   cpus=cpus[0]) as srv:
+        if cpus[1]:
+            os.sched_setaffinity(0, _cpu_list(cpus[1]))
 
         async def run() -> tuple[Tally, Tally, Tally, float]:
             warm = Tally()  # the workers run both shapes once before anything is timed (the quota may refuse some)
@@ -276,6 +282,7 @@ def measure(model: Path, config: Path, tier: str, workers: int, seconds: float, 
                   "state": "redis (quotas shared by the workers)" if redis_url else "memory (a quota per worker)",
                   "seconds_per_phase": seconds, "light_rps": light_rps, "heavy_users": heavy_users,
                   "heavy_texts_per_request": heavy_texts, "long_text_words": long_words, "precision": precision,
+                  "server_cpus": cpus[0], "client_cpus": cpus[1],
                   "config": str(config)},
         "machine": cpu_name(), "date": time.strftime("%Y-%m-%d"), "commit": code_commit(short=False),
         "command": command,
@@ -298,7 +305,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--long-words", type=int, default=600, help="words per heavy text (truncated by the model)")
     p.add_argument("--precision", choices=("fp32", "int8"), default="int8")
     p.add_argument("--no-redis", action="store_true", help="keep quotas per worker even if redis-server exists")
+    p.add_argument("--server-cpus", metavar="LIST", help="the server's cores, as taskset takes them (e.g. 1)")
+    p.add_argument("--client-cpus", metavar="LIST", help="the clients' cores (e.g. 0)")
     return p
+
+
+def _cpu_list(text: str) -> set[int]:
+    """A taskset core list ("0", "0,2", "0-3") as a set."""
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out |= set(range(int(lo), int(hi or lo) + 1))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -323,8 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         doc = measure(args.model, args.config, args.tier, args.workers, args.seconds, args.light_rps,
                       args.heavy_users, args.heavy_texts, args.long_words, args.precision, not args.no_redis,
-                      " ".join(["python -m headbudget.loadtest.fairness", *(sys.argv[1:] if argv is None else argv)]))
-    except (ValueError, RuntimeError, tomllib.TOMLDecodeError, httpx.HTTPError) as e:
+                      " ".join(["python -m headbudget.loadtest.fairness", *(sys.argv[1:] if argv is None else argv)]),
+                      (args.server_cpus, args.client_cpus))
+    except (ValueError, OSError, RuntimeError, tomllib.TOMLDecodeError, httpx.HTTPError) as e:
         return error(str(e).splitlines()[0] if str(e) else type(e).__name__)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")

@@ -75,7 +75,7 @@ class Server:
     """`headbudget serve` in a subprocess on a free loopback port, stopped on exit."""
 
     def __init__(self, model: Path, workers: int, batch: int = 32, wait_ms: float = 3.0, budget: float = 0.5,
-                 config_text: str | None = None, precision: str = "fp32") -> None:
+                 config_text: str | None = None, precision: str = "fp32", cpus: str | None = None) -> None:
         self.port = free_port()
         self.dir = tempfile.TemporaryDirectory()
         cfg = Path(self.dir.name) / "bench.toml"
@@ -84,6 +84,8 @@ class Server:
                "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(workers), "--precision", precision, "--log-level", "warning",
                # CPU per request depends on the plans, not the weights: a stand-in of a checkpoint measures it
                "--allow-standin"]
+        if cpus:  # the server's whole process tree on these cores (taskset's list form: "1" or "0,1")
+            cmd = ["taskset", "-c", cpus, *cmd]
         # The access log goes to a file: an unread pipe fills after ~64 KB and then blocks the server.
         self.log = open(Path(self.dir.name) / "server.log", "w+b")  # noqa: SIM115 - closed in __exit__
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log, start_new_session=True)
