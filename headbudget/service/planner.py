@@ -120,22 +120,26 @@ class Planner:
     def plan(self, jobs: Sequence[Job], now: float, max_batch: int, max_pass_s: float = math.inf
              ) -> tuple[list[Job], dict[int, float], dict[int, float]]:
         """(the next batch, applied budget per job seq, wanted budget per job seq); ``jobs`` in service order. A
-        batch holds at most ``max_batch`` texts and, beyond its first job, at most ``max_pass_s`` of estimated
-        work: the queue is looked at again after each pass."""
+        batch holds at most ``max_batch`` texts, and parts of requests split into passes (Job.parent) of at most
+        ``max_pass_s`` of estimated work beyond its first job: the queue is looked at again after each pass, while
+        whole requests (each under one pass) batch as before."""
         wants = {j.seq: self.want(j, now) for j in jobs}
         level = self.degrade_level(jobs, wants, now)
         applied = {j.seq: self._effective(j, wants[j.seq], level) for j in jobs}
         head = jobs[0]
         key = self.key(head, applied[head.seq])
-        batch, n_texts, work_s = [head], len(head.texts), self.cost_s(head, applied[head.seq])
+        batch, n_texts = [head], len(head.texts)
+        parts_s = self.cost_s(head, applied[head.seq]) if head.parent is not None else 0.0
         for job in jobs[1:]:
             if n_texts + len(job.texts) > max_batch or self.key(job, applied[job.seq]) != key:
                 continue
-            cost = self.cost_s(job, applied[job.seq])
-            if work_s + cost > max_pass_s:
-                continue
+            if job.parent is not None:
+                cost = self.cost_s(job, applied[job.seq])
+                if parts_s + cost > max_pass_s:
+                    continue
+                parts_s += cost
             batch.append(job)
-            n_texts, work_s = n_texts + len(job.texts), work_s + cost
+            n_texts += len(job.texts)
         return batch, applied, wants
 
 

@@ -256,7 +256,8 @@ def heavy_texts(n: int) -> list[str]:
 @pytest.mark.anyio
 async def test_a_request_over_one_pass_runs_in_parts_and_another_key_runs_between_them() -> None:
     """Eight texts of about 13 tokens run as passes of at most two; a light key's request that arrives behind them
-    runs after the first pass, not after the whole request; the heavy answer is the same as in one pass."""
+    runs in the first or the second pass, not after the whole request; the heavy answer is the same as in one
+    pass."""
     engine = FakeEngine(bench=BENCH)
     engine.gate.clear()
     async with running_app(pass_config(), engine=engine) as (client, _, _):
@@ -272,9 +273,10 @@ async def test_a_request_over_one_pass_runs_in_parts_and_another_key_runs_betwee
         rs = await asyncio.gather(blocker, heavy, light)
     assert [r.status_code for r in rs] == [200] * 3, [r.text for r in rs]
     passes = [texts for texts, _ in engine.calls[1:]]
-    assert len(passes) >= 4 and all(len(p) <= 2 for p in passes), passes
-    assert passes[1] == ["light one"] and passes[0][0].startswith("heavy 00"), passes
-    assert [t for p in passes if p[0].startswith("heavy") for t in p] == heavy_texts(8)  # in order, each once
+    heavy_passes = [[t for t in p if t.startswith("heavy")] for p in passes]
+    assert len(passes) >= 4 and all(len(h) <= 2 for h in heavy_passes), passes
+    assert passes[0][0].startswith("heavy 00") and any("light one" in p for p in passes[:2]), passes
+    assert [t for h in heavy_passes for t in h] == heavy_texts(8)  # in order, each once
     alone = FakeEngine(bench=BENCH)
     async with running_app(pass_config(max_pass_ms=1000), engine=alone) as (client, _, _):
         whole = await client.post("/classify?budget=0.5", json={"texts": heavy_texts(8)}, headers=key("heavy"))
