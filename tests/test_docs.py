@@ -21,7 +21,7 @@ EXTENSIONS = (".py", ".md", ".json", ".toml", ".yml", ".yaml", ".png", ".sh", ".
 # (checkpoints/, runs/, $OUT/, .venv/, dist/, build/); patterns with a placeholder (`engine/<name>_backend.py`, `*`);
 # bare file names without a folder (`sweep.json` names a kind of file, not one file); and fenced code blocks, whose
 # paths are a command's inputs and outputs.
-SKIPPED_PREFIXES = ("../shared/data", "$HEADBUDGET_DATA", "checkpoints/", "runs/", "$OUT", ".venv/", "dist/",
+SKIPPED_PREFIXES = ("../shared/data", "$HEADBUDGET_DATA", "checkpoints/", "runs/", "logs/", "$OUT", ".venv/", "dist/",
                     "build/", "/", "~")
 
 

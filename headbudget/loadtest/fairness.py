@@ -80,6 +80,7 @@ def server_config(base: dict[str, Any], tier: str, keys: dict[str, str], redis_u
     doc = json.loads(json.dumps(base, default=str))  # a deep copy
     doc["keys"] = [{"sha256": hash_key(k), "tier": tier, "name": name} for name, k in keys.items()]
     doc.pop("development", None)  # no anonymous tier: every request is one of the keys
+    doc.get("state", {}).pop("journal_dir", None)  # a measurement keeps no usage journal (and writes nothing here)
     if redis_url:
         doc.setdefault("state", {})["redis_url"] = redis_url
     return to_toml(doc)
