@@ -253,6 +253,16 @@ def heavy_texts(n: int) -> list[str]:
     return [f"heavy {i:02d} " + "word " * 7 for i in range(n)]
 
 
+async def _heavy_behind_blocker(client: Any) -> tuple[asyncio.Task[Any], asyncio.Task[Any]]:
+    """A quality request whose pass the engine holds, then the heavy key's eight texts queued behind it."""
+    blocker = asyncio.create_task(client.post("/classify", json={"text": "blocker"}, headers=headers("quality")))
+    await asyncio.sleep(0.1)
+    heavy = asyncio.create_task(client.post("/classify?budget=0.5", json={"texts": heavy_texts(8)},
+                                            headers=key("heavy")))
+    await asyncio.sleep(0.1)
+    return blocker, heavy
+
+
 @pytest.mark.anyio
 async def test_a_request_over_one_pass_runs_in_parts_and_another_key_runs_between_them() -> None:
     """Eight texts of about 13 tokens run as passes of at most two; a light key's request that arrives behind them
@@ -261,11 +271,7 @@ async def test_a_request_over_one_pass_runs_in_parts_and_another_key_runs_betwee
     engine = FakeEngine(bench=BENCH)
     engine.gate.clear()
     async with running_app(pass_config(), engine=engine) as (client, _, _):
-        blocker = asyncio.create_task(client.post("/classify", json={"text": "blocker"}, headers=headers("quality")))
-        await asyncio.sleep(0.1)
-        heavy = asyncio.create_task(client.post("/classify?budget=0.5", json={"texts": heavy_texts(8)},
-                                                headers=key("heavy")))
-        await asyncio.sleep(0.05)
+        blocker, heavy = await _heavy_behind_blocker(client)
         light = asyncio.create_task(client.post("/classify?budget=0.5", json={"text": "light one"},
                                                 headers=key("light")))
         await asyncio.sleep(0.05)
@@ -292,11 +298,7 @@ async def test_the_queue_bound_counts_requests_not_their_parts() -> None:
     engine = FakeEngine(bench=BENCH)
     engine.gate.clear()
     async with running_app(pass_config(queue_size=2), engine=engine) as (client, app, _):
-        blocker = asyncio.create_task(client.post("/classify", json={"text": "blocker"}, headers=headers("quality")))
-        await asyncio.sleep(0.1)
-        heavy = asyncio.create_task(client.post("/classify?budget=0.5", json={"texts": heavy_texts(8)},
-                                                headers=key("heavy")))
-        await asyncio.sleep(0.05)
+        blocker, heavy = await _heavy_behind_blocker(client)
         light = asyncio.create_task(client.post("/classify", json={"text": "light one"}, headers=key("light")))
         await asyncio.sleep(0.05)
         assert app.state.runtime.batcher.depth == 2
@@ -312,11 +314,7 @@ async def test_a_client_gone_takes_every_part_of_its_request_out_of_the_queue() 
     engine = FakeEngine(bench=BENCH)
     engine.gate.clear()
     async with running_app(pass_config(), engine=engine) as (client, app, _):
-        blocker = asyncio.create_task(client.post("/classify", json={"text": "blocker"}, headers=headers("quality")))
-        await asyncio.sleep(0.1)
-        gone = asyncio.create_task(client.post("/classify?budget=0.5", json={"texts": heavy_texts(8)},
-                                               headers=key("heavy")))
-        await asyncio.sleep(0.1)
+        blocker, gone = await _heavy_behind_blocker(client)
         batcher = app.state.runtime.batcher
         assert batcher.depth == 1 and len(batcher._pending) >= 4  # one request, queued as its parts
         gone.cancel()
