@@ -125,8 +125,12 @@ def _answers(logs: list[Path]) -> dict[str, _Answered]:
                 continue
             if not isinstance(r, dict) or r.get("status") != 200 or "charge_id" not in r:
                 continue
+            try:
+                charge = milli_of_units(float(r.get("charge") or 0))
+            except (TypeError, ValueError, OverflowError):
+                continue  # not a line the server wrote
             a = by_key.setdefault(str(r.get("key_name")), _Answered(str(r.get("key_name"))))
-            a.charges[str(r["charge_id"])] = milli_of_units(float(r.get("charge") or 0))
+            a.charges[str(r["charge_id"])] = charge
             a.days.add(str(r.get("ts", ""))[:10])
     return by_key
 

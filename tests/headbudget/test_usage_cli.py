@@ -109,3 +109,20 @@ def test_without_redis_or_with_redis_down(tmp_path: Path, capsys: pytest.Capture
     assert code == 2 and "cannot read usage from redis://***@127.0.0.1:1/0" in err and "secret" not in err
     code, _, err = usage(capsys, "--config", str(tmp_path / "missing.toml"))
     assert code == 2 and "does not exist" in err
+
+
+def test_reconcile_reads_only_the_answers_a_server_logged(tmp_path: Path) -> None:
+    """Answered requests with a charge id count; refusals, other lines and lines with a charge that is no number
+    are skipped, never a traceback."""
+    from headbudget.commands.usage import _answers
+
+    log = tmp_path / "access.log"
+    rows = [{"status": 200, "charge_id": "a1", "key_name": "alice", "charge": 1.5, "ts": "2026-03-01T10:00:00Z"},
+            {"status": 429, "charge_id": "a2", "key_name": "alice", "charge": 0, "ts": "2026-03-01T10:00:01Z"},
+            {"status": 200, "charge_id": "a3", "key_name": "alice", "charge": "x", "ts": "2026-03-01T10:00:02Z"},
+            {"status": 200, "key_name": "alice", "charge": 2.0},
+            {"status": 200, "charge_id": "b1", "key_name": "bob", "charge": 0.25, "ts": "2026-03-02T00:00:00Z"}]
+    log.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n" + '{"status": 200, "charge_id": "z", "charge": 1e999}\n')
+    found = _answers([log])
+    assert {k: a.charges for k, a in found.items()} == {"alice": {"a1": 1500}, "bob": {"b1": 250}}
+    assert found["alice"].days == {"2026-03-01"}
