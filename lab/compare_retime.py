@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from headbudget.experiments import baselines
-from headbudget.experiments.compare_measure import EngineFactory, engine_factory, measure_latency
+from headbudget.experiments.compare.measure import EngineFactory, engine_factory, measure_latency
 from headbudget.experiments.latency_placement import placement
 from headbudget.models.checkpoint import load_checkpoint, save_checkpoint
 from headbudget.models.classifier import BudgetedClassifier

@@ -4,7 +4,7 @@ The goal: the whole-model checkpoint should be more accurate than the attention-
 reach the same latency. The sweeps are committed and the weights are not (checkpoints are 43 MB and stay where
 they were trained), so each side is rebuilt as a timing stand-in from its sweep (lab/standin.py: the sweep's own
 plans at every budget, checked). Every swept budget of both is timed round-robin in one process with
-compare's engine options (each budget prepacked, as a served operating point: compare_measure.engine_factory),
+compare's engine options (each budget prepacked, as a served operating point: experiments/compare/measure.py, engine_factory),
 and each attention-only budget is placed on the whole-model curve with compare's rule
 (headbudget/experiments/latency_placement.py: linear in latency between the two bracketing budgets, no
 extrapolation).
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from headbudget.experiments.compare_measure import engine_factory, measure_latency
+from headbudget.experiments.compare.measure import engine_factory, measure_latency
 from headbudget.experiments.latency_placement import placement
 from headbudget.models.config import parse_exits
 from headbudget.models.tokenizer import TextEncoder

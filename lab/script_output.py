@@ -25,7 +25,7 @@ def write_doc(doc: dict[str, Any], out: Path, module: str, argv: list[str] | Non
 
 
 def add_latency_options(p: argparse.ArgumentParser, repeats: int = 5) -> None:
-    """measure_latency's protocol (headbudget/experiments/compare_measure.py) as a script's options."""
+    """measure_latency's protocol (headbudget/experiments/compare/measure.py) as a script's options."""
     p.add_argument("--latency-texts", type=int, default=150, help="test texts timed per entry, batch 1")
     p.add_argument("--latency-repeats", type=int, default=repeats, help="passes over them; the median counts")
 

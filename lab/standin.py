@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from headbudget.experiments.compare_measure import engine_factory, measure_latency
+from headbudget.experiments.compare.measure import engine_factory, measure_latency
 from headbudget.models.checkpoint import save_checkpoint
 from headbudget.models.checkpoint_meta import STANDIN, CheckpointError, read_config, standin_of
 from headbudget.models.classifier import BudgetedClassifier

@@ -12,7 +12,7 @@ from headbudget.models.checkpoint_meta import (  # torch-free (models.checkpoint
     CheckpointError,
     standin_of,
 )
-from headbudget.models.hf_families import PretrainedError  # torch-free
+from headbudget.models.hf.families import PretrainedError  # torch-free
 
 
 class CliError(Exception):

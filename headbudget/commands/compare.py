@@ -70,8 +70,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from headbudget.commands.common import CliError, parse_exits
-    from headbudget.experiments.compare import CompareConfig, run_compare
-    from headbudget.experiments.compare_measure import engine_factory
+    from headbudget.experiments.compare.measure import engine_factory
+    from headbudget.experiments.compare.run import CompareConfig, run_compare
     from headbudget.training.data import load_data
     from headbudget.training.recipes import get_recipe, parse_overrides
 

@@ -6,7 +6,7 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from headbudget.experiments.adaptive_summary import add_arguments
+    from headbudget.experiments.adaptive.summary import add_arguments
 
     p = sub.add_parser("compare-adaptive", help="compare adaptive checkpoints with the budgeted one (accuracy at "
                        "the same mean cost, latency on real texts and at fixed lengths)")
@@ -15,6 +15,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _run(args: argparse.Namespace) -> int:
-    from headbudget.experiments.adaptive_summary import run
+    from headbudget.experiments.adaptive.summary import run
 
     return run(args)

@@ -148,7 +148,7 @@ def _eval_adaptive(args: argparse.Namespace, model_type: str) -> int:
     import json
 
     from headbudget.commands.common import CliError
-    from headbudget.experiments.adaptive_report import evaluate_adaptive
+    from headbudget.experiments.adaptive.report import evaluate_adaptive
 
     if args.int8 or args.add_int8:
         raise CliError(f"--int8: the {model_type} type runs on the fp32 adaptive path only")

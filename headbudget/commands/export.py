@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
                            "number of heads in every layer; use --format onnx for a budget")
         if args.precision != "fp32":
             raise CliError("--format hf writes fp32 weights; --precision applies to --format onnx")
-        from headbudget.models.hf_export import export_hf
+        from headbudget.models.hf.export import export_hf
 
         hf = export_hf(args.model, args.out)
         code = (" (custom head: load with trust_remote_code=True; --format onnx writes a folder that ONNX runtimes "

@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     recipe = run_cfg.recipe
     out = train(run_cfg, args.out)
     if not args.no_sweep and args.model != "budgeted":
-        from headbudget.experiments.adaptive_report import evaluate_adaptive
+        from headbudget.experiments.adaptive.report import evaluate_adaptive
 
         rep = evaluate_adaptive(out, args.data, "test", out, limit=recipe.sweep_examples, device=device)
         dense = rep.get("dense_accuracy")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from headbudget.experiments.compare_report import _pm, _stats
+from headbudget.experiments.compare.report import _pm, _stats
 
 SMALL = ("layerdrop", "ffn-half")
 TARGETS = (*SMALL, "attention-only")
@@ -146,7 +146,7 @@ def _cost_lines(doc: dict[str, Any]) -> list[str]:
 
 def markdown(doc: dict[str, Any]) -> str:
     """compare.md for the whole-model scope: methods by latency, the budgeted curve at each baseline's latency."""
-    from headbudget.experiments.compare_report import spearman_lines
+    from headbudget.experiments.compare.report import spearman_lines
 
     seeds = ", ".join(str(s) for s in doc["seeds"])
     lat = doc.get("latency")

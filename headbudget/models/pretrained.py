@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from headbudget.models.classifier import BudgetedClassifier
 from headbudget.models.config import TINY, GateConfig, ModelConfig
 from headbudget.models.factory import build_model
-from headbudget.models.hf_families import Family, PretrainedError, family_of, hf_key
+from headbudget.models.hf.families import Family, PretrainedError, family_of, hf_key
 
 
 def minilm_path() -> Path:

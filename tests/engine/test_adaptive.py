@@ -18,7 +18,7 @@ from headbudget.engine.errors import BudgetError, ModelLoadError
 from headbudget.engine.factory import load_engine, model_info
 from headbudget.engine.reference.backend import TorchEngine
 from headbudget.engine.types import EngineOptions
-from headbudget.experiments.adaptive_bench import bench_lengths, main
+from headbudget.experiments.adaptive.bench import bench_lengths, main
 from headbudget.models.adaptive import AdaptiveClassifier
 from headbudget.models.budgetformer import budget_cap_heads
 from headbudget.models.checkpoint import load_checkpoint, save_checkpoint

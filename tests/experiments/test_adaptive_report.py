@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from headbudget.commands.predict import _USAGE_LINES
-from headbudget.experiments.adaptive_report import REPORTS
+from headbudget.experiments.adaptive.report import REPORTS
 from headbudget.experiments.plots import ADAPTIVE_PANELS
 from headbudget.models.model_types import adaptive_types
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from headbudget.experiments.adaptive_summary import main, matched_budget
+from headbudget.experiments.adaptive.summary import main, matched_budget
 from headbudget.training.data import load_data
 from tests.conftest import run_cli
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from headbudget.experiments.compare import MODEL_METHODS
+from headbudget.experiments.compare.run import MODEL_METHODS
 from headbudget.models.checkpoint import load_checkpoint
 from tests.conftest import run_cli
 from tests.experiments.test_compare import run_compare
@@ -124,7 +124,7 @@ def test_latency_probe_serves_every_compared_budget_as_served(tiny_model_scope_c
     # all-budget session's packed levels, which measured no slower than a session of its own.
     import numpy as np
 
-    from headbudget.experiments.compare_measure import engine_factory
+    from headbudget.experiments.compare.measure import engine_factory
 
     predict = engine_factory("onnxruntime", (0.3, 0.6))(tiny_model_scope_checkpoint)
     engine = predict.__self__  # type: ignore[attr-defined]

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from headbudget.experiments.compare_measure import engine_factory
+from headbudget.experiments.compare.measure import engine_factory
 from headbudget.models.checkpoint import load_checkpoint
 from lab.compare_retime import main, retime
 

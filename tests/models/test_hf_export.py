@@ -13,8 +13,8 @@ from headbudget.engine.factory import load_engine
 from headbudget.engine.types import EngineOptions
 from headbudget.models.checkpoint import save_checkpoint
 from headbudget.models.config import GateConfig
-from headbudget.models.hf_export import export_hf
-from headbudget.models.hf_families import PretrainedError
+from headbudget.models.hf.export import export_hf
+from headbudget.models.hf.families import PretrainedError
 from headbudget.models.pretrained import from_pretrained
 from headbudget.models.tokenizer import copy_tokenizer
 from tests.models.test_pretrained import OURS, hf_classifier

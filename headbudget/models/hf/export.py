@@ -28,7 +28,7 @@ import numpy as np
 
 from headbudget.models.checkpoint_meta import CONFIG, WEIGHTS, model_config, read_config, weights_digest
 from headbudget.models.config import ModelConfig
-from headbudget.models.hf_families import FAMILIES, Family, PretrainedError, hf_key
+from headbudget.models.hf.families import FAMILIES, Family, PretrainedError, hf_key
 from headbudget.models.model_types import model_type
 from headbudget.models.tokenizer import TOKENIZER_FILES
 
@@ -138,7 +138,7 @@ def export_hf(model_dir: Path, out: Path) -> HfExport:
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps({**hf, **common}, indent=2) + "\n")
     if target.remote_code:
-        shutil.copyfile(Path(__file__).with_name("hf_remote_code.py"), out / REMOTE_CODE)
+        shutil.copyfile(Path(__file__).with_name("remote_code.py"), out / REMOTE_CODE)
     for name in TOKENIZER_FILES:
         if (model_dir / name).is_file():
             shutil.copyfile(model_dir / name, out / name)

@@ -1,6 +1,6 @@
 """The issue-8 comparison in one file: each adaptive checkpoint against the dense model and the budgeted one.
 
-    python -m headbudget.experiments.adaptive_summary --data ../shared/data/ag_news \\
+    python -m headbudget.experiments.adaptive.summary --data ../shared/data/ag_news \\
         --budgetformer DIR --span DIR --adaattention DIR --budgeted DIR \\
         --out docs/results/ag_news/compare-adaptive/adaptive.json
 
@@ -52,7 +52,7 @@ def budgeted_accuracy(folder: Path, data_spec: str, budget: float) -> dict[str, 
 def summarise(data: Path, checkpoints: dict[str, Path], budgeted: Path, texts: int, repeats: int,
               lengths: tuple[int, ...] = (128, 512)) -> dict[str, Any]:
     """Everything the results table needs, as one JSON-able dict."""
-    from headbudget.experiments.adaptive_bench import Other, bench_lengths, bench_texts
+    from headbudget.experiments.adaptive.bench import Other, bench_lengths, bench_texts
     from headbudget.experiments.bench import cpu_name
     from headbudget.models.checkpoint import load_checkpoint
 
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI; one-line errors, exit code 2."""
-    p = argparse.ArgumentParser(prog="python -m headbudget.experiments.adaptive_summary", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m headbudget.experiments.adaptive.summary", description=__doc__)
     add_arguments(p)
     return run(p.parse_args(argv))
 

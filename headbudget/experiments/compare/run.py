@@ -54,7 +54,7 @@ from typing import Any
 import torch
 
 from headbudget.experiments import baselines
-from headbudget.experiments.compare_measure import (
+from headbudget.experiments.compare.measure import (
     EngineFactory,
     Predictor,
     macs_ratio,
@@ -348,7 +348,7 @@ def model_scope_entries(cfg: CompareConfig, ctx: SeedContext, out: Path) -> list
 
 def run_compare(cfg: CompareConfig, out: Path, engine_factory: EngineFactory | None = None) -> dict[str, Any]:
     """Train or reuse everything, evaluate, time, and write compare.json, compare.md and compare.png."""
-    from headbudget.experiments.compare_report import write_report
+    from headbudget.experiments.compare.report import write_report
 
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)

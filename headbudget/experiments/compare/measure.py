@@ -18,7 +18,7 @@ from headbudget.models.plan import Shape, uniform_plan
 from headbudget.training.batches import TokenizedSplit
 
 if TYPE_CHECKING:
-    from headbudget.experiments.compare import CompareConfig, SeedContext
+    from headbudget.experiments.compare.run import CompareConfig, SeedContext
 
 # A latency probe: artifact folder -> predict(ids (1, N) int64, mask (1, N), budget) -> logits (1, C).
 Predictor = Callable[[np.ndarray, np.ndarray, float], np.ndarray]

@@ -8,7 +8,7 @@ Protocol as experiments/bench.py: one thread, batch 1, pre-tokenized inputs, war
 Each round gets a different input (the adaptive choice is per input): real texts' token ids concatenated to
 the length when a data folder is given, else random ids from the vocabulary.
 
-    python -m headbudget.experiments.adaptive_bench --model DIR --lengths 128,512 [--data DIR] > bench.json
+    python -m headbudget.experiments.adaptive.bench --model DIR --lengths 128,512 [--data DIR] > bench.json
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def bench_texts(model_dir: Path, data: Path, n: int = 300, warmup: int = 10,
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The CLI: JSON on stdout; bad input is one line on stderr and exit code 2."""
-    parser = argparse.ArgumentParser(prog="python -m headbudget.experiments.adaptive_bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m headbudget.experiments.adaptive.bench", description=__doc__)
     parser.add_argument("--model", type=Path, required=True, help="checkpoint folder of an adaptive type")
     parser.add_argument("--lengths", default="128,512", help="comma-separated sequence lengths")
     parser.add_argument("--repeats", type=int, default=20)

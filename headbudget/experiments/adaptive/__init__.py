@@ -1,0 +1,1 @@
+"""The input-adaptive model types against the budgeted checkpoint: their benchmark, report and summary."""

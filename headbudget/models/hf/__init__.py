@@ -1,0 +1,1 @@
+"""Hugging Face interop: reading BERT-family checkpoints and exporting ours as a Hugging Face folder."""
