@@ -142,6 +142,28 @@ def cross_fitted(correct: dict[str, tuple[float, np.ndarray]], budget: float, ex
     return {"picks": picks, "accuracy": hits / n}
 
 
+def _probe_exits(depths: range, widths: list[float], feats: dict[float, dict[str, np.ndarray]], split: dict[str, Any],
+                 correct: dict[str, tuple[float, np.ndarray]], policy: Any, shape: Shape, n_ref: int,
+                 n_labels: int) -> list[dict[str, Any]]:
+    """One linear head per depth, fitted on every width's features there; a row per (depth, width), and each
+    plan's per-text correctness added to ``correct``."""
+    rows: list[dict[str, Any]] = []
+    for depth in depths:
+        x = np.concatenate([feats[w]["train"][:, depth - 1] for w in widths])
+        y = np.concatenate([split["train"].labels] * len(widths))
+        xv = np.concatenate([feats[w]["validation"][:, depth - 1] for w in widths])
+        yv = np.concatenate([split["validation"].labels] * len(widths))
+        w_head, b_head, wd = fit_head(x, y, xv, yv, n_labels)
+        for w in widths:
+            hit = {name: (feats[w][name][:, depth - 1] @ w_head.T + b_head).argmax(1) == split[name].labels
+                   for name in ("validation", "test")}
+            cost = exit_cost(policy.plan(w), depth, shape, n_ref)
+            correct[f"exit{depth}@{w:.2f}"] = (cost, hit["test"])
+            rows.append({"depth": depth, "width_budget": w, "cost": cost, "weight_decay": wd,
+                         "accuracy_val": float(hit["validation"].mean()), "accuracy": float(hit["test"].mean())})
+    return rows
+
+
 def measure(model_dir: Path, data: str, widths: list[float], budgets: list[float], n_texts: int,
             repeats: int) -> dict[str, Any]:
     """The exit plans' cost, accuracy and latency against the checkpoint's own budgets (one JSON document)."""
@@ -171,20 +193,7 @@ def measure(model_dir: Path, data: str, widths: list[float], budgets: list[float
         own[b] = {name: float(h.mean()) for name, h in hit.items()}
         if b in budgets:
             correct[f"own@{b:.2f}"] = (policy.plan(b).cost(shape, n_ref).ratio, hit["test"])
-    rows: list[dict[str, Any]] = []
-    for depth in depths:
-        x = np.concatenate([feats[w]["train"][:, depth - 1] for w in widths])
-        y = np.concatenate([split["train"].labels] * len(widths))
-        xv = np.concatenate([feats[w]["validation"][:, depth - 1] for w in widths])
-        yv = np.concatenate([split["validation"].labels] * len(widths))
-        w_head, b_head, wd = fit_head(x, y, xv, yv, cfg.n_labels)
-        for w in widths:
-            hit = {name: (feats[w][name][:, depth - 1] @ w_head.T + b_head).argmax(1) == split[name].labels
-                   for name in ("validation", "test")}
-            cost = exit_cost(policy.plan(w), depth, shape, n_ref)
-            correct[f"exit{depth}@{w:.2f}"] = (cost, hit["test"])
-            rows.append({"depth": depth, "width_budget": w, "cost": cost, "weight_decay": wd,
-                         "accuracy_val": float(hit["validation"].mean()), "accuracy": float(hit["test"].mean())})
+    rows = _probe_exits(depths, widths, feats, split, correct, policy, shape, n_ref, cfg.n_labels)
     plans = {f"own@{b:.2f}": policy.plan(b) for b in budgets}
     plans |= {f"exit{r['depth']}@{r['width_budget']:.2f}": exit_plan(policy.plan(r["width_budget"]), r["depth"])
               for r in rows}
