@@ -243,7 +243,7 @@ class Batcher:
                     sum(len(j.texts) for j in self._pending) < self.server.max_batch_size:
                 self._cond.wait(max(0.0, window_end - time.monotonic()))
             self._expire_locked()
-            snapshot = sorted((j for j in self._pending if not j.cancelled), key=Job.order)
+            snapshot = sorted(self._pending, key=Job.order)  # _expire_locked took the cancelled out
         if not snapshot:
             return True
         self._count_tokens(snapshot)
@@ -268,14 +268,13 @@ class Batcher:
     def _expire_locked(self) -> None:
         """Answer 503 to what waited too long, and drop the parts of a request that failed or went away."""
         now = time.monotonic()
-        expired = [j for j in self._pending if now - j.enqueued > self.server.request_timeout_s]
-        dropped = [j for j in self._pending if j.cancelled]
-        for job in expired:
-            _deliver(job, Overloaded("timed out waiting for the model", retry_after_s=1))
-        for job in [*expired, *(j for j in dropped if j not in expired)]:
+        gone = [j for j in self._pending if j.cancelled or now - j.enqueued > self.server.request_timeout_s]
+        for job in reversed(gone):  # the latest first: each gives its key's time back (as ``cancel``)
             self._pending.remove(job)
             self._fair.withdraw(job)
-        if expired or dropped:  # a gauge write is a lock and, with several workers, a shared file's: only on a change
+            if not job.cancelled:
+                _deliver(job, Overloaded("timed out waiting for the model", retry_after_s=1))
+        if gone:  # a gauge write is a lock and, with several workers, a shared file's: only on a change
             self._metrics.queue_depth.set(self.depth)
 
     def _count_tokens(self, jobs: list[Job]) -> None:
