@@ -83,6 +83,16 @@ class UsageJournal:
     def files(self) -> list[Path]:
         return sorted(self.folder.glob("usage-*.jsonl"))
 
+    def waiting(self) -> bool:
+        """Whether any file of the folder holds lines (by size: the poll reads no file)."""
+        for path in self.files():
+            try:
+                if path.stat().st_size:
+                    return True
+            except OSError:
+                continue
+        return False
+
     def pending(self) -> int:
         """Lines waiting in every file of the folder."""
         n = 0
@@ -146,7 +156,7 @@ async def replay_while_running(journal: UsageJournal, store: StateStore, every_s
     """Replay the folder's journals whenever they hold lines and the store answers (a task for the server's life)."""
     while True:
         try:
-            if await asyncio.to_thread(journal.pending) and await store.ping():
+            if await asyncio.to_thread(journal.waiting) and await store.ping():
                 await journal.replay(store)
         except StateUnavailable:
             pass  # the store went away again: the lines stay for the next round

@@ -113,14 +113,14 @@ async def test_the_journal_replays_each_line_once(tmp_path: Path) -> None:
     other = tmp_path / "usage-~dead-1.jsonl"  # a replica that died with a line in its journal (read last)
     late = UsageRow("2026-01-01", "owner", "alice", "quality", Usage(7, 1, 1, 1, 0))
     other.write_text(Entry("c-other", late).line() + "not json\n")
-    assert journal.pending() == 7
+    assert journal.pending() == 7 and journal.waiting()
 
     store = MemoryState(StateConfig())
     with pytest.raises(StateUnavailable):
         await journal.replay(FailingAfter(store, 2))  # type: ignore[arg-type]
     assert journal.pending() == 5
     assert await journal.replay(store) == 5  # this file's last three, then the other's two (one unreadable)
-    assert journal.pending() == 0 and await journal.replay(store) == 0
+    assert journal.pending() == 0 and not journal.waiting() and await journal.replay(store) == 0
     today, _ = await store.usage_of("owner", "2026-01-01")
     assert today == Usage(sum(r.usage.units for r in rows) + 7, 6, 6, 51, 0)
 
