@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,8 +48,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def resolve(args: argparse.Namespace, device: str = "cpu") -> RunConfig:
     """The run the parsed flags ask for: the recipe's preset, then --set and the gate flags over it."""
-    from dataclasses import replace
-
     from headbudget.commands.common import parse_exits
     from headbudget.training.recipes import get_preset, parse_overrides
     from headbudget.training.trainer import RunConfig
@@ -70,15 +69,21 @@ def resolve(args: argparse.Namespace, device: str = "cpu") -> RunConfig:
                      device=device, model_type=args.model, scope=scope, exits=exits)
 
 
-def run(args: argparse.Namespace) -> int:
+def _device(name: str) -> str:
+    if name != "auto":
+        return name
     import torch
 
-    from headbudget.experiments.report import evaluate_checkpoint
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def run(args: argparse.Namespace) -> int:
+    # The flags are checked before torch, scipy and matplotlib load: a bad one is refused in a second, not six.
+    run_cfg = resolve(args, args.device)
+    run_cfg = replace(run_cfg, device=_device(args.device))
+    device, recipe = run_cfg.device, run_cfg.recipe
     from headbudget.training.trainer import train
 
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    run_cfg = resolve(args, device)
-    recipe = run_cfg.recipe
     out = train(run_cfg, args.out)
     if not args.no_sweep and args.model != "budgeted":
         from headbudget.experiments.adaptive.report import evaluate_adaptive
@@ -89,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
               + (f" (dense warm start {dense:.4f})" if dense is not None else "")
               + f" on {rep['n_examples']} test examples")
     elif not args.no_sweep:
+        from headbudget.experiments.report import evaluate_checkpoint
+
         sweep = evaluate_checkpoint(out, args.data, "test", out, limit=recipe.sweep_examples, device=device)
         half = next(p for p in sweep["points"] if abs(p["budget"] - 0.5) < 1e-9)
         kept = f"{half['heads_active']}/{half['heads_total']} heads"

@@ -85,7 +85,7 @@ PRESETS: dict[str, Recipe] = {
     "smoke": Recipe(
         name="smoke", dense_epochs=8, budget_epochs=3, hard_epochs=1, batch_size=32, max_length=32,
         lr=1e-3, gate_lr=5e-2, warmup_fraction=0.05, val_budgets=(0.25, 0.5, 1.0), synthetic_size=3000,
-        freeze_embeddings=False,
+        sweep_examples=500,
     ),
     # MiniLM on ~2,000 examples a stage: a usable checkpoint in minutes on 2 cores.
     "quick": Recipe(

@@ -18,7 +18,7 @@ SMOKE_MIN_ACCURACY_B05 = 0.85
 def test_smoke_trains_and_sweeps(smoke_checkpoint: Path) -> None:
     sweep = json.loads((smoke_checkpoint / "sweep.json").read_text())
     assert (smoke_checkpoint / "pareto.png").stat().st_size > 10_000
-    assert sweep["dataset"] == "synthetic" and sweep["split"] == "test" and sweep["n_examples"] == 1000
+    assert sweep["dataset"] == "synthetic" and sweep["split"] == "test" and sweep["n_examples"] == 500
     assert len(sweep["points"]) == 19 and sweep["nested"] is True and sweep["soft_cost_monotone"] is True
     half = next(p for p in sweep["points"] if p["budget"] == 0.5)
     assert half["accuracy_hard"] >= SMOKE_MIN_ACCURACY_B05

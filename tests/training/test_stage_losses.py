@@ -129,11 +129,18 @@ def test_the_fused_sandwich_computes_the_same_loss_in_one_pass(stage: str, teach
     assert g_three.abs().sum() > 0
 
 
-def test_a_smoke_run_with_exits_trains_its_exit_heads_and_stops_low_budgets_there(tmp_path: Path) -> None:
+def test_a_smoke_run_with_exits_trains_its_exit_heads_and_stops_low_budgets_there(
+    smoke_model_scope_checkpoint: Path, tmp_path: Path,
+) -> None:
     out = tmp_path / "exits"
+    (out / "stages").mkdir(parents=True)
+    for stage in ("dense", "budget"):  # stages 1-2 take no exits: the session's run gives them
+        shutil.copytree(smoke_model_scope_checkpoint / "stages" / stage, out / "stages" / stage)
+    # One layer of the tiny base reads the task only if its word embeddings may move (smoke freezes them).
     proc = run_cli("train", "--base", "tiny", "--data", "synthetic", "--recipe", "smoke", "--scope", "model",
                    "--exits", "1", "--set", "sandwich=true", "--set", "fused_sandwich=true",
-                   "--set", "hard_teacher=dense", "--out", str(out), "--device", "cpu")
+                   "--set", "hard_teacher=dense", "--set", "freeze_embeddings=false", "--out", str(out),
+                   "--device", "cpu")
     assert proc.returncode == 0, proc.stderr[-2000:]
     meta = json.loads((out / "config.json").read_text())
     assert meta["model"]["gate"]["exits"] == [1] and meta["recipe"]["fused_sandwich"] is True
