@@ -29,6 +29,8 @@ def register(subparsers: Any) -> None:
                         f"{DEFAULT_PRECISION}, as serve)")
     p.add_argument("--repeats", type=positive_int, default=30)
     p.add_argument("--no-memory", action="store_true", help="skip the resident-memory comparison")
+    p.add_argument("--memory-probes", type=positive_int, default=3,
+                   help="fresh processes per memory figure, the median kept (default 3)")
     p.add_argument("--cache", choices=["cold", "warm", "steady"], default="cold",
                    help="what runs before each timed call: every other method (cold: budgets switching call by "
                         "call), one untimed call of the same method (warm), or a run of them (steady: one "
@@ -131,7 +133,7 @@ def _run_all_budgets(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="headbudget-base-") as tmp:
         model_dir = args.model or _minilm_checkpoint(Path(tmp) / "minilm")
         bench = BenchConfig(model_dir=model_dir, seq_len=args.seq_len, batch_size=args.batch_size, data=args.data,
-                            precision=args.precision, repeats=args.repeats, memory=not args.no_memory,
+                            precision=args.precision, repeats=args.repeats, memory_probes=0 if args.no_memory else args.memory_probes,
                             cache=args.cache)
         result = run_budget_bench(BudgetBenchConfig(bench=bench, off_grid=off_grid))
     result["command"] = _command_line(args)
@@ -157,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="headbudget-base-") as tmp:
         model_dir = args.model or _minilm_checkpoint(Path(tmp) / "minilm")
         cfg = BenchConfig(model_dir=model_dir, seq_len=args.seq_len, batch_size=args.batch_size, data=args.data,
-                          precision=args.precision, repeats=args.repeats, memory=not args.no_memory,
+                          precision=args.precision, repeats=args.repeats, memory_probes=0 if args.no_memory else args.memory_probes,
                           cache=args.cache)
         result = run_bench(cfg)
     result["command"] = "headbudget bench " + " ".join(

@@ -52,7 +52,8 @@ class BenchConfig:
     repeats: int = 30
     warmup: int = 5
     threads: int = 1
-    memory: bool = True  # measure resident memory in subprocesses (adds a few seconds)
+    # Fresh processes per memory figure, the median kept (0: no memory figure); each costs an interpreter start.
+    memory_probes: int = 3
     cache: Cache = "cold"  # see CACHES
 
 
@@ -275,8 +276,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     }
     result["overhead"] = overhead(engine, methods[dense_key], cfg, times, dense_key)
     result["overhead_ms"] = result["overhead"]["overhead_ms"]
-    if cfg.memory:
-        result["memory"] = memory_figure(cfg.model_dir, dense_fp32, cfg.precision)
+    if cfg.memory_probes:
+        result["memory"] = memory_figure(cfg.model_dir, dense_fp32, cfg.precision, cfg.memory_probes)
     result["rss_mb"] = round(rss_mb(), 1)
     return result
 

@@ -143,7 +143,8 @@ def run_budget_bench(cfg: BudgetBenchConfig) -> dict[str, Any]:
         methods[peer] = peers.ort_runner(peers.ort_session(dense, bench.threads))
         times = time_round_robin(methods, batches, bench.warmup, bench.cache, shuffle=True)
         # Every budget as served against one dense session of this precision, each in a fresh process.
-        memory = memory_figure(bench.model_dir, dense_fp32, bench.precision) if bench.memory else None
+        memory = (memory_figure(bench.model_dir, dense_fp32, bench.precision, bench.memory_probes)
+                  if bench.memory_probes else None)
     lengths = [int(n) for _, mask in batches[bench.warmup:] for n in mask.sum(1)]
     b1 = np.median(times["engine@1.0"])
     rows = _budget_rows(engine, budgets, times, peer, lengths)

@@ -23,7 +23,7 @@ ROW_FIELDS = {"budget", "latency_ms", "p90_ms", "share_of_b1", "share_of_b1_ci95
 def budgets_file(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("budgets") / "fp32-budgets.json"
     assert main(["bench", "--all-budgets", "--model", str(tiny_checkpoint), "--seq-len", "16", "--repeats", "2",
-                 "--precision", "fp32", "--out", str(out)]) == 0
+                 "--precision", "fp32", "--memory-probes", "1", "--out", str(out)]) == 0
     return out
 
 
@@ -51,6 +51,7 @@ def test_all_budgets_writes_every_budget_with_its_fields(budgets_file: Path) -> 
     assert [c["budget"] for c in r["checks"]["rows"]] == budgets
     assert r["checks"] == budget_checks(r["rows"])  # the block is what the rows say
     mem = r["memory"]  # every budget as served against one dense session, each measured in a process of its own
+    assert all(len(values) == 1 for values in mem["samples_mb"].values())  # --memory-probes 1
     assert mem["engine_mb"] > 0 and mem["dense_mb"] > 0 and mem["engine_over_dense"] == round(mem["engine_mb"] / mem["dense_mb"], 3)
     floor = r["floor"]  # one head a layer (attention scope: every neuron)
     assert floor["heads_per_layer"] == [1, 1] and floor["neurons_per_layer"] is None
