@@ -139,8 +139,9 @@ def largest_pass_ms(model: Path, precision: str, max_activation_mb: int, length:
 
 
 def measure(model: Path, precision: str = "int8", max_activation_mb: int | None = None,
-            budgets: tuple[float, ...] = (0.25, 0.5, 1.0), rounds: int = 1) -> dict[str, Any]:
-    """Start one worker, measure, stop it; the figures as a dict (MB, seconds, ms)."""
+            budgets: tuple[float, ...] = (0.25, 0.5, 1.0), rounds: int = 1, alone: bool = True) -> dict[str, Any]:
+    """Start one worker, measure, stop it; the figures as a dict (MB, seconds, ms). ``alone=False``: only the
+    requests from several keys at once, not each budget's request alone first."""
     with Server(model, 1, config_text=config_text(max_activation_mb), precision=precision) as srv:
         info = httpx.get(f"{srv.url}/v1/models", headers={"X-API-Key": KEYS["tenant1"]}, timeout=30).json()
         length = int(info["data"][0]["max_length"])
@@ -152,7 +153,7 @@ def measure(model: Path, precision: str = "int8", max_activation_mb: int | None 
         keys = list(KEYS)
         with Sampler(srv.proc.pid) as sampler:
             for r in range(rounds):
-                for i, b in enumerate(budgets):
+                for i, b in enumerate(budgets if alone else ()):
                     [(status, s)] = asyncio.run(_post_all(srv.url, [(keys[i % len(keys)], b)], texts, length))
                     requests.append({"round": r, "keys": 1, "budget": b, "status": [status], "seconds": s,
                                      "peak_mb": round(sampler.take()), "rss_mb": round(rss_mb(srv.proc.pid))})

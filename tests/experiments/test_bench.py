@@ -42,11 +42,11 @@ def test_memory_figure_measures_the_engine_with_and_without_prepacked_budgets(
 
     model, _ = load_checkpoint(tiny_model_scope_checkpoint)
     dense, _ = peers.export_dense(model, tmp_path)
-    m = memory_figure(tiny_model_scope_checkpoint, dense, "fp32", probes=3)
+    m = memory_figure(tiny_model_scope_checkpoint, dense, "fp32", probes=2)
     assert set(m) == {"engine_mb", "engine_sessions", "engine_unprepacked_mb", "dense_mb", "engine_over_dense",
                       "engine_unprepacked_over_dense", "samples_mb"}
     for key, values in m["samples_mb"].items():  # each figure: the median of its fresh processes
-        assert len(values) == 3 and all(v > 0 for v in values) and m[f"{key}_mb"] == sorted(values)[1]
+        assert len(values) == 2 and all(v > 0 for v in values) and m[f"{key}_mb"] == pytest.approx(sum(values) / 2)
     assert m["engine_over_dense"] == round(m["engine_mb"] / m["dense_mb"], 3)
     assert m["engine_unprepacked_over_dense"] == round(m["engine_unprepacked_mb"] / m["dense_mb"], 3)
 
