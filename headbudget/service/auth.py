@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from headbudget.service.compute import unit_text, units
@@ -74,6 +75,43 @@ def identify(config: ServiceConfig, extra_hashes: dict[str, str], key: str | Non
     raise Unauthorized("unknown API key")
 
 
+class RateMemo:
+    """Keys the request rate refused, and until when: till then the store would refuse them again (a refusal
+    spends nothing, and other workers' admissions only move a key's next allowance later), so /classify refuses
+    such a key from its headers, before its body is read, parsed or priced. One per process; a reload clears it."""
+
+    MAX_KEYS = 10_000  # past this, expired entries are dropped (anonymous callers are keyed by address)
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._until: dict[str, float] = {}
+        self.clock = clock
+
+    def __bool__(self) -> bool:
+        return bool(self._until)
+
+    def note(self, owner: str, asked_at: float, retry_after_s: float) -> None:
+        """The store refused ``owner`` for ``retry_after_s`` when asked at ``asked_at`` (this memo's clock, read
+        before the store was asked, so that the memo never outlasts the store's refusal)."""
+        if len(self._until) >= self.MAX_KEYS:
+            now = self.clock()
+            self._until = {k: t for k, t in self._until.items() if t > now}
+        self._until[owner] = asked_at + retry_after_s
+
+    def refused_for(self, owner: str) -> float | None:
+        """Seconds ``owner`` is still refused for, or None."""
+        until = self._until.get(owner)
+        if until is None:
+            return None
+        left = until - self.clock()
+        if left <= 0:
+            del self._until[owner]
+            return None
+        return left
+
+    def clear(self) -> None:
+        self._until.clear()
+
+
 def check_budget(tier: TierConfig, budget: float) -> None:
     """403 when an explicit budget is above the tier's maximum."""
     if budget > tier.max_budget + 1e-9:
@@ -81,8 +119,10 @@ def check_budget(tier: TierConfig, budget: float) -> None:
 
 
 async def enforce_rate(state: StateStore, state_cfg: StateConfig, metrics: Metrics, caller: Caller,
-                       charge_id: str) -> None:
-    """429 with Retry-After over the tier's rate; when the store is down, fail open or closed as configured."""
+                       charge_id: str, memo: RateMemo | None = None) -> None:
+    """429 with Retry-After over the tier's rate (noted in ``memo``); when the store is down, fail open or closed
+    as configured."""
+    asked_at = memo.clock() if memo is not None else 0.0
     try:
         decision = await state.admit(caller.owner, caller.tier.rate_limit, caller.tier.burst, None, 0, charge_id)
     except StateUnavailable:
@@ -90,16 +130,19 @@ async def enforce_rate(state: StateStore, state_cfg: StateConfig, metrics: Metri
         return
     metrics.set_state_up(True)
     if not decision.allowed:
-        raise _rate_limited(caller.tier, decision.retry_after_s)
+        if memo is not None:
+            memo.note(caller.owner, asked_at, decision.retry_after_s)
+        raise rate_limited(caller.tier, decision.retry_after_s)
 
 
 async def admit(state: StateStore, state_cfg: StateConfig, metrics: Metrics, caller: Caller, charge: int,
-                charge_id: str) -> bool:
+                charge_id: str, memo: RateMemo | None = None) -> bool:
     """429 with Retry-After over the tier's request rate or its compute quota for a request of ``charge``
     milli-units, both checked in one atomic step (a refused request spends neither); when the store is down, fail
     open or closed as configured. True when ``charge`` was reserved against a quota: the answer then settles it to
-    what ran (``StateStore.settle``)."""
+    what ran (``StateStore.settle``). A refusal by the request rate is noted in ``memo``."""
     tier, compute = caller.tier, ComputeLimit.of(caller.tier)
+    asked_at = memo.clock() if memo is not None else 0.0
     try:
         decision = await state.admit(caller.owner, tier.rate_limit, tier.burst, compute, charge, charge_id)
     except StateUnavailable:
@@ -113,10 +156,12 @@ async def admit(state: StateStore, state_cfg: StateConfig, metrics: Metrics, cal
             f"compute quota of tier {tier.name!r} exceeded: this request would be charged at least "
             f"{unit_text(units(charge))} compute units and the key may spend {unit_text(tier.compute_per_minute or 0)} "
             f"per minute, at most {unit_text(tier.burst_units or 0)} at once", retry_after_s=decision.retry_after_s)
-    raise _rate_limited(tier, decision.retry_after_s)
+    if memo is not None:
+        memo.note(caller.owner, asked_at, decision.retry_after_s)
+    raise rate_limited(tier, decision.retry_after_s)
 
 
-def _rate_limited(tier: TierConfig, retry_after_s: float) -> RateLimited:
+def rate_limited(tier: TierConfig, retry_after_s: float) -> RateLimited:
     return RateLimited(f"rate limit of tier {tier.name!r} exceeded ({tier.rate_limit:g}/min, burst {tier.burst})",
                        retry_after_s=retry_after_s)
 

@@ -40,7 +40,8 @@ def identify_caller(request: Request, runtime: Runtime) -> Caller:
 async def authenticate(request: Request, runtime: Runtime) -> Caller:
     """Authenticate (401), note the tier for logs and metrics, and apply the rate limit (429)."""
     caller = identify_caller(request, runtime)
-    await enforce_rate(runtime.state, runtime.config.state, runtime.metrics, caller, new_request_id())
+    await enforce_rate(runtime.state, runtime.config.state, runtime.metrics, caller, new_request_id(),
+                       runtime.rate_memo)
     return caller
 
 

@@ -5,8 +5,11 @@ not take. The fast path takes only a JSON body that validates against ``Classify
 unrepeated query parameters; anything else is handed on to FastAPI with its body replayed, so every error keeps
 exactly the status, code and message FastAPI's validation gives it. A request it takes runs the same code as the
 route (``identify_caller``, ``answer``) and maps errors with the same function (``known_error_response``); only
-the layers between are skipped. Why: FastAPI's routing, dependency solving and response re-validation take a
-large share of the event loop's time on every request (docs/results.md, 'Findings and decisions').
+the layers between are skipped. One thing it does before the body: a key its request rate refuses at the moment
+(``auth.RateMemo``) is answered 429 from its headers, its body never read (the route reads the body first, so a
+malformed body from such a key is a 400 there). Why: FastAPI's routing, dependency solving and response
+re-validation take a large share of the event loop's time on every request (docs/results.md, 'Findings and
+decisions').
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from pydantic_core import to_json
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from headbudget.service.auth import rate_limited
 from headbudget.service.deps import identify_caller
-from headbudget.service.errors import known_error_response
+from headbudget.service.errors import ApiError, known_error_response
 from headbudget.service.inference import BudgetParams, answer
 from headbudget.service.runtime import Runtime
 from headbudget.service.schemas import BudgetParam, BudgetValue, ClassifyRequest, LatencyLimit
@@ -43,6 +47,8 @@ class ClassifyFastPath:
         if (scope["type"] != "http" or scope["path"] != "/classify" or scope["method"] != "POST"
                 or not self.runtime.config.server.fast_path or not _is_json(scope)):
             await self.app(scope, receive, send)
+            return
+        if self.runtime.rate_memo and await self._refused_unread(scope, receive, send):
             return
         messages: list[Message] = []
         body = b""
@@ -73,6 +79,24 @@ class ClassifyFastPath:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", _JSON), (b"content-length", str(len(content)).encode())]})
         await send({"type": "http.response.body", "body": content})
+
+
+    async def _refused_unread(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Answer 429 from the headers alone when the caller's key is still refused by its request rate
+        (``RateMemo``): the body is neither read nor parsed nor priced. False: go on as usual (an unknown key
+        is answered as before, after its body)."""
+        request = Request(scope, receive)
+        try:
+            caller = identify_caller(request, self.runtime)
+        except ApiError:
+            return False
+        left = self.runtime.rate_memo.refused_for(caller.owner)
+        if left is None:
+            return False
+        response = known_error_response(request, rate_limited(caller.tier, left))
+        assert response is not None
+        await response(scope, receive, send)
+        return True
 
 
 def _is_json(scope: Scope) -> bool:

@@ -185,7 +185,8 @@ async def run(runtime: Runtime, caller: Caller, texts: list[str], choice: Budget
     # The id every write of this request's compute counts under (not the request id: a client may repeat that).
     charge_id = new_request_id()
     request.state.charge_id = charge_id
-    reserved = await admit(runtime.state, runtime.config.state, runtime.metrics, caller, charge, charge_id)
+    reserved = await admit(runtime.state, runtime.config.state, runtime.metrics, caller, charge, charge_id,
+                           runtime.rate_memo)
     try:
         if admitted is not None and not admitted.exact:  # admitted: now the exact price, tokenized once
             priced = await price(runtime, tier, texts, choice)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from headbudget.engine.protocol import Engine
 from headbudget.engine.types import ModelInfo
+from headbudget.service.auth import RateMemo
 from headbudget.service.batching import Batcher
 from headbudget.service.compute import ComputeUnit
 from headbudget.service.journal import UsageJournal, replay_while_running
@@ -29,6 +30,7 @@ class Runtime:
         self.config = config
         self.config_path = config_path
         self.extra_key_hashes = dict(extra_key_hashes or {})
+        self.rate_memo = RateMemo()  # keys the request rate refuses at the moment (auth.RateMemo)
         self.metrics = Metrics(config.latency_targets_s(), per_key=config.metrics.per_key)
         self.state: StateStore = state if state is not None else make_state(config.state)
         self.batcher = Batcher(engine_factory, config.server, self.metrics)
@@ -105,6 +107,7 @@ class Runtime:
         if new.metrics != self.config.metrics:
             log.warning("[metrics] changes need a restart; keeping the running metrics' labels")
         self.config = new
+        self.rate_memo.clear()  # the new tiers' rates decide from here
         self.batcher.server = new.server
         self.metrics.declare_tiers(new.tiers)
         log.info("config reloaded", extra={"tiers": sorted(new.tiers), "keys": len(new.keys)})

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from headbudget.service import fastpath
 from headbudget.service.routes import classify as classify_route
 from headbudget.service.schemas import ClassifyResponse
-from tests.service.conftest import KEYS, headers, make_config, running_app
+from headbudget.service.settings import parse_config
+from tests.service.conftest import KEYS, config_dict, headers, make_config, running_app, toml_of
 
 pytestmark = pytest.mark.anyio
 
@@ -110,3 +113,36 @@ async def test_fast_path_keeps_the_body_limit() -> None:
         r = await client.post("/classify", content=json.dumps({"text": "x" * 4000}).encode(),
                               headers={**JSON, **headers()})
         assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
+
+
+async def test_a_key_the_rate_refuses_is_refused_before_its_body_is_read(monkeypatch: pytest.MonkeyPatch,
+                                                                        tmp_path: Path) -> None:
+    parsed: list[bytes] = []
+    original = fastpath._parse
+
+    def counting(scope: Any, body: bytes) -> Any:
+        parsed.append(body)
+        return original(scope, body)
+
+    monkeypatch.setattr(fastpath, "_parse", counting)
+    d = config_dict()
+    d["tiers"]["cheap"].update(rate_limit=60, burst=2)
+    async with running_app(parse_config(d)) as (client, app, _):
+        codes = [(await client.post("/classify", json={"text": "x"}, headers=headers("cheap"))).status_code
+                 for _ in range(3)]
+        assert codes == [200, 200, 429] and len(parsed) == 3  # the store refused the third, after its body
+        again = await client.post("/classify", content=b'{"text": "x"', headers={**JSON, **headers("cheap")})
+        assert again.status_code == 429 and again.json()["error"]["code"] == "rate_limited"
+        assert int(again.headers["retry-after"]) >= 1 and len(parsed) == 3  # refused from its headers alone
+        other = await client.post("/classify", json={"text": "x"}, headers=headers("balanced"))
+        assert other.status_code == 200 and len(parsed) == 4  # another key: as usual
+        unknown = await client.post("/classify", json={"text": "x"}, headers={"X-API-Key": "hb_nobody"})
+        assert unknown.status_code == 401
+        runtime = app.state.runtime  # a reload that raises the tier's rate: the store decides again, and admits
+        runtime.config_path = tmp_path / "service.toml"
+        raised = config_dict()
+        raised["tiers"]["cheap"].update(burst=1000)
+        runtime.config_path.write_text(toml_of(raised))
+        assert runtime.reload() is True
+        after = await client.post("/classify", json={"text": "x"}, headers=headers("cheap"))
+        assert after.status_code == 200 and len(parsed) == 6
