@@ -10,11 +10,8 @@ exactly; answers show units with three decimals.
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from headbudget.engine.protocol import Meter
@@ -129,25 +126,6 @@ def quote(meter: Meter, unit: ComputeUnit, texts: Sequence[str], budget: float) 
     cpu_s = time.thread_time() - started
     tokens = tuple(enc.counts())
     return Quote(budget, tokens, _charges(meter, unit, budget, [n for n, _ in tokens]), enc, cpu_s)
-
-
-# How much lower than the serving threads the pricing threads run (Linux nice): tokenizing a large admitted
-# request must not take the core from the passes that answer other keys (docs/results.md, 'Fairness inside a tier').
-PRICING_NICE = 10
-
-
-def _lower_priority() -> None:
-    try:  # on Linux a thread is a task of its own: this lowers the calling thread only
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + PRICING_NICE)
-    except (AttributeError, OSError):
-        pass  # no per-thread priority here: pricing runs at the serving threads' priority
-
-
-def pricing_executor() -> ThreadPoolExecutor:
-    """The threads that tokenize large requests for their price, one per core this process may run on, each at
-    ``PRICING_NICE`` below the process."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return ThreadPoolExecutor(max(1, cores), thread_name_prefix="hb-pricing", initializer=_lower_priority)
 
 
 def floor_quote(meter: Meter, unit: ComputeUnit, texts: Sequence[str], budget: float) -> Quote:

@@ -130,9 +130,8 @@ async def answer(runtime: Runtime, caller: Caller, body: ClassifyRequest, params
     return await classify(runtime, caller, body, choice, request)
 
 
-# Texts longer than this in all are tokenized for their price on the pricing threads (the tokenizer releases the
-# GIL, and those threads run at a lower priority), so that a 64-text request of long texts never blocks the event
-# loop nor slows the passes of other keys; short ones are priced inline.
+# Texts longer than this in all are tokenized for their price in the loop's executor (the tokenizer releases the
+# GIL), so that a 64-text request of long texts never blocks the event loop; short ones are priced inline.
 _INLINE_PRICE_CHARS = 8192
 
 
@@ -155,7 +154,7 @@ async def price(runtime: Runtime, tier: TierConfig, texts: list[str], choice: Bu
     budget = priced_budget(choice.request, tier)
     if sum(len(t) for t in texts) <= _INLINE_PRICE_CHARS:
         return quote(meter, unit, texts, budget)
-    return await asyncio.get_running_loop().run_in_executor(runtime.pricing, quote, meter, unit, texts, budget)
+    return await asyncio.get_running_loop().run_in_executor(None, quote, meter, unit, texts, budget)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from headbudget.engine.protocol import Engine
 from headbudget.engine.types import ModelInfo
 from headbudget.service.auth import RateMemo
 from headbudget.service.batching import Batcher
-from headbudget.service.compute import ComputeUnit, pricing_executor
+from headbudget.service.compute import ComputeUnit
 from headbudget.service.journal import UsageJournal, replay_while_running
 from headbudget.service.metrics import Metrics
 from headbudget.service.settings import ConfigError, ServiceConfig, load_config
@@ -31,7 +31,6 @@ class Runtime:
         self.config_path = config_path
         self.extra_key_hashes = dict(extra_key_hashes or {})
         self.rate_memo = RateMemo()  # keys the request rate refuses at the moment (auth.RateMemo)
-        self.pricing = pricing_executor()  # large requests are tokenized for their price here, at a lower priority
         self.metrics = Metrics(config.latency_targets_s(), per_key=config.metrics.per_key)
         self.state: StateStore = state if state is not None else make_state(config.state)
         self.batcher = Batcher(engine_factory, config.server, self.metrics)
@@ -81,7 +80,6 @@ class Runtime:
             self._replays.cancel()
             await asyncio.gather(self._replays, return_exceptions=True)
         await self.state.close()
-        self.pricing.shutdown(wait=False, cancel_futures=True)
 
     def budget_grid(self) -> list[float]:
         """The budgets /v1/models lists: sweep.json's points, else the service's grid."""

@@ -4,10 +4,8 @@ answer (/classify, the TEI routes) carries its charge per text and per request; 
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -123,26 +121,6 @@ async def test_a_priced_request_runs_the_tokens_its_price_counted() -> None:
     assert engine.runs_with_tokens == [True, False, False, False]
 
 
-async def test_a_large_request_is_priced_on_the_pricing_threads(monkeypatch: pytest.MonkeyPatch) -> None:
-    from headbudget.service import inference
-
-    threads: list[str] = []
-    original = inference.quote
-
-    def recording(*args: Any) -> Any:
-        threads.append(threading.current_thread().name)
-        return original(*args)
-
-    monkeypatch.setattr(inference, "quote", recording)
-    cfg = config_dict()
-    cfg["tiers"]["balanced"]["compute_per_minute"] = 1e6
-    async with running_app(parse_config(cfg)) as (client, _, _):
-        for texts in (["a b c"], ["word " * 1000] * 4):  # 20,000 characters: past the inline bound
-            r = await client.post("/classify", json={"texts": texts}, headers=headers("balanced"))
-            assert r.status_code == 200, r.text
-    assert threads[0] == threading.current_thread().name and threads[1].startswith("hb-pricing")
-
-
 async def test_classify_reports_the_charge_per_text_and_per_request() -> None:
     async with running_app() as (client, app, _):
         r = await client.post("/classify?budget=0.5", json={"texts": ["a fine film", "one two three four five"]},
@@ -171,20 +149,3 @@ async def test_tei_answers_carry_the_charge_in_headers() -> None:
                               headers=headers())
     assert r.status_code == 200, r.text
     assert r.headers["x-charge-per-input"] == "5,5" and r.headers["x-charge"] == "10"  # dense: one unit a token
-
-
-@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="per-thread priority is Linux's")
-def test_pricing_threads_run_below_the_serving_threads() -> None:
-    """Tokenizing a large request for its price must not take the core from the passes of other keys."""
-
-    from headbudget.service.compute import PRICING_NICE, pricing_executor
-
-    here = os.getpriority(os.PRIO_PROCESS, 0)
-    pool = pricing_executor()
-    try:
-        name, nice = pool.submit(lambda: (threading.current_thread().name,
-                                          os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))).result()
-    finally:
-        pool.shutdown()
-    assert name.startswith("hb-pricing") and nice == min(19, here + PRICING_NICE)
-    assert os.getpriority(os.PRIO_PROCESS, 0) == here  # the calling thread keeps its own
