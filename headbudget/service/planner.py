@@ -121,8 +121,8 @@ class Planner:
              ) -> tuple[list[Job], dict[int, float], dict[int, float]]:
         """(the next batch, applied budget per job seq, wanted budget per job seq); ``jobs`` in service order. A
         batch holds at most ``max_batch`` texts, and parts of requests split into passes (Job.parent) of at most
-        ``max_pass_s`` of estimated work beyond its first job: the queue is looked at again after each pass, while
-        whole requests (each under one pass) batch as before."""
+        ``max_pass_s`` of estimated work beyond its first job, and none behind a whole request: the queue is looked at
+        again after each pass, while whole requests (each under one pass) batch as before."""
         wants = {j.seq: self.want(j, now) for j in jobs}
         level = self.degrade_level(jobs, wants, now)
         applied = {j.seq: self._effective(j, wants[j.seq], level) for j in jobs}
@@ -134,6 +134,8 @@ class Planner:
             if n_texts + len(job.texts) > max_batch or self.key(job, applied[job.seq]) != key:
                 continue
             if job.parent is not None:
+                if head.parent is None:  # the whole requests ahead would wait for the part's pass
+                    continue
                 cost = self.cost_s(job, applied[job.seq])
                 if parts_s + cost > max_pass_s:
                     continue

@@ -294,6 +294,30 @@ async def test_a_request_over_one_pass_runs_in_parts_and_another_key_runs_betwee
 
 
 @pytest.mark.anyio
+async def test_a_whole_request_ahead_of_the_parts_runs_without_them() -> None:
+    """A light request served before a heavy key's parts runs in a pass of its own: a part in its batch would make
+    it wait for the part's pass (here the heavy request's second part, of one text, fitted beside it, and ran
+    before the first). Behind a part, whole requests may join the part's pass (they would wait for it)."""
+    engine = FakeEngine(bench=BENCH)
+    engine.gate.clear()
+    async with running_app(pass_config(max_pass_ms=4), engine=engine) as (client, _, _):
+        blocker = asyncio.create_task(client.post("/classify", json={"text": "blocker"}, headers=headers("quality")))
+        await asyncio.sleep(0.1)
+        light = asyncio.create_task(client.post("/classify?budget=0.5", json={"text": "light one"},
+                                                headers=key("light")))
+        await asyncio.sleep(0.05)
+        heavy = asyncio.create_task(client.post("/classify?budget=0.5", json={"texts": heavy_texts(8)},
+                                                headers=key("heavy")))
+        await asyncio.sleep(0.1)
+        engine.gate.set()
+        rs = await asyncio.gather(blocker, light, heavy)
+    assert [r.status_code for r in rs] == [200] * 3, [r.text for r in rs]
+    passes = [texts for texts, _ in engine.calls[1:]]
+    assert passes[0] == ["light one"], passes
+    assert [t for p in passes[1:] for t in p] == heavy_texts(8)
+
+
+@pytest.mark.anyio
 async def test_the_queue_bound_counts_requests_not_their_parts() -> None:
     engine = FakeEngine(bench=BENCH)
     engine.gate.clear()
