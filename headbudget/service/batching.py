@@ -108,6 +108,18 @@ class Batcher:
             self._cond.notify_all()
         return job
 
+    def precheck(self, texts: list[str], tier: TierConfig, request: BudgetRequest, owner: str, floor: Quote) -> None:
+        """Overloaded now, before the request is tokenized, where ``submit`` would refuse it even at its ``floor``
+        price: the floor's tokens are at most its own, so what the floor cannot fit in the queue or the tier's
+        latency target, the exact price cannot either."""
+        job = self._new_job(texts, tier, request, owner, floor)
+        with self._cond:
+            pending = list(self._pending)
+            self._check_room(tier, pending)
+            if tier.degrades:
+                job.start_tag = self._fair.start(job)
+                self._check_in_time(job, pending)
+
     def _split(self, job: Job) -> list[Job]:
         """``job``'s texts in order as parts of at most one pass each; none when it fits in one pass, or asks for
         a latency target (its budget is chosen for the request as a whole)."""

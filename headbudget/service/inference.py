@@ -189,6 +189,7 @@ async def run(runtime: Runtime, caller: Caller, texts: list[str], choice: Budget
                            runtime.rate_memo)
     try:
         if admitted is not None and not admitted.exact:  # admitted: now the exact price, tokenized once
+            runtime.batcher.precheck(texts, tier, choice.request, caller.owner, admitted)  # 503s tokenize nothing
             priced = await price(runtime, tier, texts, choice)
             check_cap(tier, priced)
         job = runtime.batcher.submit(texts, tier, choice.request, caller.owner, priced)

@@ -236,6 +236,40 @@ async def test_another_keys_long_pass_does_not_refuse_a_short_request() -> None:
     assert queued.status_code == 503 and "min_budget" in queued.json()["error"]["message"]
 
 
+@pytest.mark.anyio
+async def test_a_request_the_latency_target_refuses_is_refused_before_it_is_tokenized(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A metered request that cannot meet its tier's target even at its floor price is answered 503 without being
+    tokenized for its exact price; one that can is tokenized once."""
+    from headbudget.service import inference
+
+    quoted: list[int] = []
+    original = inference.quote
+
+    def counting(meter: Any, unit: Any, texts: list[str], budget: float) -> Any:
+        quoted.append(len(texts))
+        return original(meter, unit, texts, budget)
+
+    monkeypatch.setattr(inference, "quote", counting)
+    engine = FakeEngine(max_length=512)
+    engine.gate.clear()
+    config = fair_config("flex", latency_target_ms=50, min_budget=0.1, compute_per_minute=1e8,
+                        compute_burst=1e8)
+    long_text = " ".join(["w"] * 400)
+    async with running_app(config, engine=engine) as (client, app, _):
+        app.state.runtime.batcher.latency.observe(0.1, 64 * 202, 1900.0)  # 64 long texts: ~2 s even at 0.1
+        held = asyncio.create_task(client.post("/classify", json={"text": "short"}, headers=key("light")))
+        await asyncio.sleep(0.1)  # its pass runs (held)
+        first = asyncio.create_task(client.post("/classify", json={"texts": [long_text] * 64}, headers=key("heavy")))
+        await asyncio.sleep(0.1)  # queued: ~2 s of work ahead of anything that comes next
+        refused = await client.post("/classify", json={"texts": [long_text] * 64}, headers=key("other"))
+        engine.gate.set()
+        assert [r.status_code for r in await asyncio.gather(held, first)] == [200, 200]
+    assert refused.status_code == 503 and "min_budget" in refused.json()["error"]["message"]
+    assert quoted == [1, 64]  # the short one and the first long one; the refused one never reached the tokenizer
+
+
 # -- a request over one pass runs as parts ---------------------------------------------------------------------
 BENCH = {"seq_len": 10, "batch_size": 1, "rows": [{"budget": 0.1, "latency_ms": 0.1}, {"budget": 1.0, "latency_ms": 1.0}]}
 
