@@ -287,14 +287,20 @@ def heavy_texts(n: int) -> list[str]:
     return [f"heavy {i:02d} " + "word " * 7 for i in range(n)]
 
 
-async def _heavy_behind_blocker(client: Any) -> tuple[asyncio.Task[Any], asyncio.Task[Any]]:
-    """A quality request whose pass the engine holds, then the heavy key's eight texts queued behind it."""
+async def _heavy_behind_blocker(client: Any, light_first: bool = False) -> tuple[asyncio.Task[Any], ...]:
+    """A quality request whose pass the engine holds, then the heavy key's eight texts queued behind it (after a
+    light key's one text with ``light_first``): the tasks in that order."""
     blocker = asyncio.create_task(client.post("/classify", json={"text": "blocker"}, headers=headers("quality")))
     await asyncio.sleep(0.1)
+    light = []
+    if light_first:
+        light.append(asyncio.create_task(client.post("/classify?budget=0.5", json={"text": "light one"},
+                                                     headers=key("light"))))
+        await asyncio.sleep(0.05)
     heavy = asyncio.create_task(client.post("/classify?budget=0.5", json={"texts": heavy_texts(8)},
                                             headers=key("heavy")))
     await asyncio.sleep(0.1)
-    return blocker, heavy
+    return (blocker, *light, heavy)
 
 
 @pytest.mark.anyio
@@ -335,16 +341,9 @@ async def test_a_whole_request_ahead_of_the_parts_runs_without_them() -> None:
     engine = FakeEngine(bench=BENCH)
     engine.gate.clear()
     async with running_app(pass_config(max_pass_ms=4), engine=engine) as (client, _, _):
-        blocker = asyncio.create_task(client.post("/classify", json={"text": "blocker"}, headers=headers("quality")))
-        await asyncio.sleep(0.1)
-        light = asyncio.create_task(client.post("/classify?budget=0.5", json={"text": "light one"},
-                                                headers=key("light")))
-        await asyncio.sleep(0.05)
-        heavy = asyncio.create_task(client.post("/classify?budget=0.5", json={"texts": heavy_texts(8)},
-                                                headers=key("heavy")))
-        await asyncio.sleep(0.1)
+        queued = await _heavy_behind_blocker(client, light_first=True)
         engine.gate.set()
-        rs = await asyncio.gather(blocker, light, heavy)
+        rs = await asyncio.gather(*queued)
     assert [r.status_code for r in rs] == [200] * 3, [r.text for r in rs]
     passes = [texts for texts, _ in engine.calls[1:]]
     assert passes[0] == ["light one"], passes
