@@ -8,10 +8,13 @@ import json
 import shlex
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from headbudget.commands.common import CliError, budget_arg, existing_dir, positive_int
 from headbudget.engine.names import DEFAULT_PRECISION
+
+if TYPE_CHECKING:
+    from headbudget.experiments.bench import BenchConfig
 
 
 def register(subparsers: Any) -> None:
@@ -125,17 +128,22 @@ def _command_line(args: argparse.Namespace) -> str:
     return shlex.join(words)
 
 
-def _run_all_budgets(args: argparse.Namespace) -> int:
+def _bench_config(args: argparse.Namespace, model_dir: Path) -> BenchConfig:
+    """The flags as the benchmark's configuration (both modes)."""
     from headbudget.experiments.bench import BenchConfig
+
+    return BenchConfig(model_dir=model_dir, seq_len=args.seq_len, batch_size=args.batch_size, data=args.data,
+                       precision=args.precision, repeats=args.repeats,
+                       memory_probes=0 if args.no_memory else args.memory_probes, cache=args.cache)
+
+
+def _run_all_budgets(args: argparse.Namespace) -> int:
     from headbudget.experiments.budget_bench import OFF_GRID_BUDGETS, BudgetBenchConfig, run_budget_bench
 
     off_grid = tuple(args.off_grid_budgets) if args.off_grid_budgets is not None else OFF_GRID_BUDGETS
     with tempfile.TemporaryDirectory(prefix="headbudget-base-") as tmp:
         model_dir = args.model or _minilm_checkpoint(Path(tmp) / "minilm")
-        bench = BenchConfig(model_dir=model_dir, seq_len=args.seq_len, batch_size=args.batch_size, data=args.data,
-                            precision=args.precision, repeats=args.repeats, memory_probes=0 if args.no_memory else args.memory_probes,
-                            cache=args.cache)
-        result = run_budget_bench(BudgetBenchConfig(bench=bench, off_grid=off_grid))
+        result = run_budget_bench(BudgetBenchConfig(bench=_bench_config(args, model_dir), off_grid=off_grid))
     result["command"] = _command_line(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
@@ -146,7 +154,7 @@ def _run_all_budgets(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from headbudget.experiments.bench import BenchConfig, run_bench
+    from headbudget.experiments.bench import run_bench
 
     if args.out.is_dir():
         raise CliError(f"--out {args.out} is a folder; give a file name such as bench.json")
@@ -158,10 +166,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--off-grid-budgets needs --all-budgets")
     with tempfile.TemporaryDirectory(prefix="headbudget-base-") as tmp:
         model_dir = args.model or _minilm_checkpoint(Path(tmp) / "minilm")
-        cfg = BenchConfig(model_dir=model_dir, seq_len=args.seq_len, batch_size=args.batch_size, data=args.data,
-                          precision=args.precision, repeats=args.repeats, memory_probes=0 if args.no_memory else args.memory_probes,
-                          cache=args.cache)
-        result = run_bench(cfg)
+        result = run_bench(_bench_config(args, model_dir))
     result["command"] = "headbudget bench " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("func", "command") and v not in (None, False))
     args.out.parent.mkdir(parents=True, exist_ok=True)
