@@ -80,7 +80,6 @@ class ClassifyFastPath:
                     "headers": [(b"content-type", _JSON), (b"content-length", str(len(content)).encode())]})
         await send({"type": "http.response.body", "body": content})
 
-
     async def _refused_unread(self, scope: Scope, receive: Receive, send: Send) -> bool:
         """Answer 429 from the headers alone when the caller's key is still refused by its request rate
         (``RateMemo``): the body is neither read nor parsed nor priced. False: go on as usual (an unknown key

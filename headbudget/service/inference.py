@@ -135,6 +135,10 @@ async def answer(runtime: Runtime, caller: Caller, body: ClassifyRequest, params
 _INLINE_PRICE_CHARS = 8192
 
 
+def _priced_inline(texts: list[str]) -> bool:
+    return sum(len(t) for t in texts) <= _INLINE_PRICE_CHARS
+
+
 def metered(tier: TierConfig) -> bool:
     """Whether requests of ``tier`` are priced before they run (a compute quota or a per-request cap)."""
     return tier.compute_per_minute is not None or tier.max_request_compute is not None
@@ -152,7 +156,7 @@ async def price(runtime: Runtime, tier: TierConfig, texts: list[str], choice: Bu
     if meter is None or unit is None:
         raise Unavailable("the model is not loaded yet", retry_after_s=5)
     budget = priced_budget(choice.request, tier)
-    if sum(len(t) for t in texts) <= _INLINE_PRICE_CHARS:
+    if _priced_inline(texts):
         return quote(meter, unit, texts, budget)
     return await asyncio.get_running_loop().run_in_executor(None, quote, meter, unit, texts, budget)
 
@@ -189,7 +193,8 @@ async def run(runtime: Runtime, caller: Caller, texts: list[str], choice: Budget
                            runtime.rate_memo)
     try:
         if admitted is not None and not admitted.exact:  # admitted: now the exact price, tokenized once
-            runtime.batcher.precheck(texts, tier, choice.request, caller.owner, admitted)  # 503s tokenize nothing
+            if not _priced_inline(texts):  # a request too large to price inline is refused (503) before pricing
+                runtime.batcher.precheck(texts, tier, choice.request, caller.owner, admitted)
             priced = await price(runtime, tier, texts, choice)
             check_cap(tier, priced)
         job = runtime.batcher.submit(texts, tier, choice.request, caller.owner, priced)
