@@ -42,7 +42,8 @@ def register(subparsers: Any) -> None:
     ls = sub.add_parser("list", help="list keys (hash prefixes, tiers, state, expiry, names)")
     ls.add_argument("--config", type=Path, default=Path("service.toml"))
     ls.set_defaults(func=run_list)
-    rv = sub.add_parser("revoke", help="mark a key revoked (kept in the file for audits); SIGHUP applies it")
+    rv = sub.add_parser("revoke", help="mark a key revoked (kept in the file for audits); with a Redis state store "
+                                       "every replica refuses it at once, else on SIGHUP")
     rv.add_argument("--config", type=Path, default=Path("service.toml"))
     which = rv.add_mutually_exclusive_group(required=True)
     which.add_argument("--name", help="the key's name (must name one key that is not revoked)")
@@ -156,6 +157,7 @@ def run_revoke(args: argparse.Namespace) -> int:
     if target.revoked:
         print(f"key {label} is already revoked (since {_utc(target.revoked_at)}); {args.config} is unchanged",
               file=sys.stderr)
+        _share(config, target.sha256, target.revoked_at)
         return 0
     # Marked, not deleted: the access log names keys, so an audit must still find whose a key was and since
     # when it is refused, and its holder is told "revoked" rather than "unknown".
@@ -171,9 +173,35 @@ def run_revoke(args: argparse.Namespace) -> int:
         return _without_keys(new) == _without_keys(old) and new.get("keys") == want
 
     _replace_checked(args.config, text, new_text, check)
-    print(f"revoked key {label} of tier {target.tier!r} in {args.config}; send SIGHUP to a running server "
-          "to refuse it", file=sys.stderr)
+    print(f"revoked key {label} of tier {target.tier!r} in {args.config}", file=sys.stderr)
+    _share(config, target.sha256, now)
     return 0
+
+
+def _share(config: Any, sha256: str, when: datetime | None) -> None:
+    """Tell the state store, whose replicas then refuse the key at once; without one, say that SIGHUP does."""
+    if not config.state.redis_url:
+        print("send SIGHUP to a running server to refuse it", file=sys.stderr)
+        return
+    import asyncio
+
+    from headbudget.service.redis_state import RedisState
+    from headbudget.service.state import StateUnavailable
+
+    async def revoke() -> None:
+        store = RedisState(config.state)
+        try:
+            await store.revoke({sha256: _utc(when) if when else ""})
+        finally:
+            await store.close()
+
+    try:
+        asyncio.run(revoke())
+    except StateUnavailable as e:
+        print(f"note: the state store could not be reached ({e}); send SIGHUP to every replica to refuse it",
+              file=sys.stderr)
+        return
+    print("every replica that shares the state store refuses it now", file=sys.stderr)
 
 
 def _without_keys(doc: dict[str, Any]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import hashlib
 import secrets
 import time
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from headbudget.service.compute import unit_text, units
@@ -52,15 +53,18 @@ def presented_key(x_api_key: str | None, authorization: str | None) -> str | Non
 
 
 def identify(config: ServiceConfig, extra_hashes: dict[str, str], key: str | None, client: str,
-             now: float | None = None) -> Caller:
+             now: float | None = None, revoked: AbstractSet[str] = frozenset()) -> Caller:
     """The caller a key belongs to; 401 for no key (unless an anonymous tier is configured), a wrong one, a revoked
-    one, or one past its expiry at ``now`` (Unix seconds; default: the clock, so no reload is needed)."""
+    one (in the config or in ``revoked``, the hashes the state store holds revoked), or one past its expiry at
+    ``now`` (Unix seconds; default: the clock, so no reload is needed)."""
     if key is None:
         anon = config.development.anonymous_tier
         if anon is None:
             raise Unauthorized("an API key is required (X-API-Key or Authorization: Bearer)")
         return Caller(config.tier(anon), f"anon:{client}", "anonymous")
     digest = hash_key(key)
+    if digest in revoked:
+        raise Unauthorized("this API key has been revoked")
     for entry in config.keys:
         if secrets.compare_digest(entry.sha256, digest):
             state = entry.state(time.time() if now is None else now)

@@ -4,9 +4,10 @@ billing, feedback found by any worker."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -151,6 +152,21 @@ def _day_score(day: str) -> int:
     return int(day.replace("-", ""))
 
 
+# Revoked keys: a hash (key SHA-256 -> when) every replica reads on connecting, and a channel that announces each
+# new one. HSETNX keeps the first time a key was revoked; only new ones are announced. ARGV: channel, then pairs.
+REVOKED = f"{PREFIX}revoked"
+_REVOKE = """
+local new = {}
+for i = 2, #ARGV, 2 do
+  if redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) == 1 then new[#new + 1] = ARGV[i] end
+end
+if #new > 0 then redis.call('PUBLISH', ARGV[1], table.concat(new, ' ')) end
+return #new
+"""
+# Between tries to (re)subscribe to revocations while Redis is away.
+_WATCH_PAUSE_S = 1.0
+
+
 # A write that counts compute is sent again when its reply does not come in time: it carries its charge's id, so a
 # write that had landed counts once. The pauses before each further try, in seconds.
 _RETRY_PAUSES_S = (0.05, 0.2)
@@ -175,6 +191,7 @@ class RedisState:
         self._settle = self._redis.register_script(_SETTLE)
         self._left = self._redis.register_script(_LEFT)
         self._usage = self._redis.register_script(_USAGE)
+        self._revoke = self._redis.register_script(_REVOKE)
         self._done_ms = int(DONE_TTL_S * 1000)
 
     async def _again(self, write: Callable[[], Awaitable[Any]]) -> Any:
@@ -304,6 +321,43 @@ class RedisState:
         except (RedisError, OSError) as e:
             raise StateUnavailable(f"redis: {e}") from None
         return int(good) / max(1, int(total))
+
+    async def revoke(self, revoked: Mapping[str, str]) -> None:
+        if not revoked:
+            return
+        args = [REVOKED]
+        for digest, when in revoked.items():
+            args += [digest, when]
+        await self._again(lambda: self._revoke(keys=[REVOKED], args=args))
+
+    async def watch_revocations(self, own: Callable[[], Mapping[str, str]],
+                                seen: Callable[[Iterable[str]], None]) -> None:
+        was_up = True
+        while True:
+            # A connection of its own with no read timeout: it waits for announcements, which may never come.
+            # No retry either: a connection lost is read again from the hash, not resubscribed blind.
+            listener = aioredis.Redis.from_url(self._config.redis_url, decode_responses=True, socket_keepalive=True,
+                                               socket_connect_timeout=self._config.redis_timeout_s,
+                                               retry=Retry(NoBackoff(), 0))
+            pubsub = listener.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(REVOKED)  # before reading the hash: nothing revoked in between is missed
+                await self.revoke(own())
+                seen(await self._redis.hkeys(REVOKED))
+                if not was_up:
+                    log.info("redis: watching revocations again")
+                was_up = True
+                async for message in pubsub.listen():
+                    seen(str(message["data"]).split())
+            except (RedisError, OSError, StateUnavailable) as e:
+                if was_up:
+                    log.warning("redis: revocations from other replicas wait until it is back (%s)", e)
+                was_up = False
+            finally:
+                with contextlib.suppress(RedisError, OSError):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    await listener.aclose()
+            await asyncio.sleep(_WATCH_PAUSE_S)
 
     async def ping(self) -> bool:
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -14,8 +15,8 @@ from headbudget.service.batching import Batcher
 from headbudget.service.compute import ComputeUnit
 from headbudget.service.journal import UsageJournal, replay_while_running
 from headbudget.service.metrics import Metrics
-from headbudget.service.settings import ConfigError, ServiceConfig, load_config
-from headbudget.service.state import StateStore
+from headbudget.service.settings import ConfigError, ServiceConfig, load_config, utc_text
+from headbudget.service.state import StateStore, StateUnavailable
 from headbudget.service.stores import make_state
 
 log = logging.getLogger("headbudget.service")
@@ -45,6 +46,11 @@ class Runtime:
         self.journal = (UsageJournal(Path(folder), config.state.journal_max_bytes)
                         if folder and config.state.redis_url else None)
         self._replays: asyncio.Task[None] | None = None
+        # Keys revoked anywhere the state store reaches (every replica's config, `headbudget keys revoke`): refused
+        # here without a reload.
+        self.revoked: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # reload's, kept until done
+        self._revocations: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Load and warm the model; refuse (ConfigError) a config it cannot serve; publish offline accuracy."""
@@ -71,14 +77,26 @@ class Runtime:
         self.metrics.set_state_up(self.state_ok)
         if self.journal is not None:  # what this or an earlier process could not record goes to the store
             self._replays = asyncio.create_task(replay_while_running(self.journal, self.state))
+        self._revocations = asyncio.create_task(self.state.watch_revocations(self.own_revocations, self.revoked.update))
+
+    def own_revocations(self) -> dict[str, str]:
+        """The keys this config revokes, for the state store (key SHA-256 -> when)."""
+        return {k.sha256: utc_text(k.revoked_at) if k.revoked_at else "" for k in self.config.keys if k.revoked}
+
+    async def _share_revocations(self) -> None:
+        try:
+            await self.state.revoke(self.own_revocations())
+        except StateUnavailable as e:  # the watcher sends them when the store is back
+            log.warning("revocations not shared through the state store yet: %s", e)
 
     async def stop(self) -> None:
         """Finish queued work, close the engine and the state store."""
         self.draining = True
         await self.batcher.stop()
-        if self._replays is not None:
-            self._replays.cancel()
-            await asyncio.gather(self._replays, return_exceptions=True)
+        for task in (self._replays, self._revocations):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         await self.state.close()
 
     def budget_grid(self) -> list[float]:
@@ -110,6 +128,10 @@ class Runtime:
         self.rate_memo.clear()  # the new tiers' rates decide from here
         self.batcher.server = new.server
         self.metrics.declare_tiers(new.tiers)
+        with contextlib.suppress(RuntimeError):  # RuntimeError: no loop runs (then the watcher shares them)
+            if self.own_revocations():  # to the other replicas, which may not have read the new file
+                self._tasks.add(task := asyncio.get_running_loop().create_task(self._share_revocations()))
+                task.add_done_callback(self._tasks.discard)
         log.info("config reloaded", extra={"tiers": sorted(new.tiers), "keys": len(new.keys)})
         return True
 

@@ -13,10 +13,12 @@ belongs to and counts once per id, so that a write whose reply was lost can be s
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import math
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol
 
@@ -226,6 +228,18 @@ class StateStore(Protocol):
         """Add one feedback outcome to the budget's rolling window; returns the window's accuracy."""
         ...
 
+    async def revoke(self, revoked: Mapping[str, str]) -> None:
+        """Hold keys revoked (SHA-256 -> when, as UTC text) for every process that shares the store, and tell the
+        processes watching it at once. A revocation in the store is final for that key."""
+        ...
+
+    async def watch_revocations(self, own: Callable[[], Mapping[str, str]],
+                                seen: Callable[[Iterable[str]], None]) -> None:
+        """Until cancelled: ``seen`` gets the hashes of every key the store holds revoked, then each one revoked
+        later, within milliseconds. On every (re)connection ``own()`` (this process's config's revocations) goes to
+        the store first, so that a store which lost them, or was down when they were made, holds them again."""
+        ...
+
     async def ping(self) -> bool:
         """Whether the backend answers now."""
         ...
@@ -275,6 +289,8 @@ class MemoryState:
         self._usage: dict[tuple[str, str], dict[str, UsageRow]] = {}  # (day, owner) -> tier -> usage; this worker's
         self._totals: dict[str, Usage] = {}
         self._done: OrderedDict[str, Admission | None] = OrderedDict()  # write id -> its answer, oldest first
+        self._revoked: dict[str, str] = {}
+        self._watchers: list[Callable[[Iterable[str]], None]] = []
 
     def _first(self, write_id: str, answer: Admission | None = None) -> bool:
         """Whether ``write_id`` is new (then remember it, with ``answer`` for an admission)."""
@@ -378,6 +394,22 @@ class MemoryState:
         window = self._windows.setdefault(budget_label, deque(maxlen=self._config.accuracy_window))
         window.append(correct)
         return sum(window) / len(window)
+
+    async def revoke(self, revoked: Mapping[str, str]) -> None:
+        new = [h for h in revoked if h not in self._revoked]
+        self._revoked.update({h: revoked[h] for h in new})
+        for seen in self._watchers if new else ():
+            seen(new)
+
+    async def watch_revocations(self, own: Callable[[], Mapping[str, str]],
+                                seen: Callable[[Iterable[str]], None]) -> None:
+        await self.revoke(own())
+        seen(list(self._revoked))
+        self._watchers.append(seen)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self._watchers.remove(seen)
 
     async def ping(self) -> bool:
         return True

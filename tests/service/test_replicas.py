@@ -42,7 +42,7 @@ from tests.service.test_api import sample
 
 KEY = {"small": "hb_test_replica_small_key_00000000000", "large": "hb_test_replica_large_key_00000000000",
        "kill": "hb_test_replica_kill_key_000000000000", "redis": "hb_test_replica_redis_key_00000000000",
-       "busy": "hb_test_replica_busy_key_000000000000"}
+       "busy": "hb_test_replica_busy_key_000000000000", "revoked": "hb_test_replica_revoked_key_0000000000"}
 TEXT = " ".join(["word"] * 20)  # 22 tokens on the real tokenizer
 SMALL_Q, LARGE_Q = 100.0, 500.0  # units a quota key may spend; they refill by 1 milli-unit a minute
 LOST = re.compile(r"usage of key (\S+) lost \((.*)\): charge \S+, ([0-9.]+) compute units")
@@ -62,7 +62,7 @@ def replica_config(on_error: str) -> str:
                           "max_queue": 256, "compute_per_minute": 10_000_000, "compute_burst": 1_000_000}
     d["keys"] += [{"sha256": hash_key(KEY[n]), "tier": t, "name": f"replica-{n}"}
                   for n, t in (("small", "small"), ("large", "large"), ("kill", "bulk"), ("redis", "bulk"),
-                               ("busy", "bulk"))]
+                               ("busy", "bulk"), ("revoked", "bulk"))]
     d["state"] = {"redis_url": "@REDIS@", "on_error": on_error, "journal_dir": "@JOURNAL@"}
     return toml_of(d)
 
@@ -158,6 +158,28 @@ def test_a_quota_is_exact_across_replicas(both: Cluster) -> None:
     # one at a time, round robin alternates: both replicas admitted some of the small key's requests
     assert [r.headers["x-replica"] for r in small[:2]] in (["a", "b"], ["b", "a"])
     assert all(served(r, "replica-small") for r in both.replicas)
+
+
+def test_a_key_revoked_through_the_store_is_refused_by_every_replica(both: Cluster) -> None:
+    """`headbudget keys revoke` on the fail-closed replica's config, and no SIGHUP anywhere: every replica refuses
+    the key, the two whose own file still lists it as active included (they learn it from the state store)."""
+    replicas = [*both.replicas, both.closed]
+
+    def answer(r: Replica) -> httpx.Response:
+        return httpx.post(f"{r.url}/classify", json={"text": TEXT}, headers={"X-API-Key": KEY["revoked"]}, timeout=30)
+
+    assert [answer(r).status_code for r in replicas] == [200, 200, 200]
+    done = subprocess.run([sys.executable, "-m", "headbudget.cli", "keys", "revoke", "--config",
+                           str(both.closed_config), "--name", "replica-revoked"],
+                          capture_output=True, text=True, env=service_env(), timeout=60)
+    assert done.returncode == 0 and "every replica that shares the state store refuses it now" in done.stderr, \
+        done.stderr
+    for r in replicas:
+        deadline = time.monotonic() + 10
+        while (refused := answer(r)).status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert refused.status_code == 401 and "revoked" in refused.json()["error"]["message"], (r.name, refused.text)
+    assert "revoked = true" not in both.config.read_text()  # a and b were told by the store, not by their file
 
 
 # -- (2) usage ---------------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,35 @@ async def test_service_when_redis_goes_away(tmp_path: Path, on_error: str) -> No
     else:
         assert r.status_code == 503 and "retry-after" in r.headers and ready.status_code == 503
     assert fb.status_code == 503  # the feedback store is down either way
+
+
+async def test_a_revocation_reaches_every_watcher_once(store: StateStore) -> None:
+    """A watcher first pushes its own revocations and sees all the store holds, then each new one as it is made;
+    a key revoked again keeps its first time and is not announced again."""
+    a, b, c = "aa" * 32, "bb" * 32, "cc" * 32
+    seen: list[str] = []
+    first = asyncio.create_task(store.watch_revocations(lambda: {a: "2026-01-01T00:00:00Z"}, seen.extend))
+    later: list[str] = []
+    second = None
+    try:
+        await wait_for(lambda: a in seen)
+        await store.revoke({b: "2026-01-02T00:00:00Z"})
+        await wait_for(lambda: b in seen)
+        await store.revoke({b: "2026-01-03T00:00:00Z", a: ""})  # both held already
+        second = asyncio.create_task(store.watch_revocations(dict, later.extend))
+        await wait_for(lambda: {a, b} <= set(later))
+        await store.revoke({c: ""})
+        await wait_for(lambda: c in seen and c in later)
+        assert seen.count(b) == 1 and seen.count(c) == 1 and later.count(c) == 1
+    finally:
+        for task in (first, second):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+
+async def wait_for(done: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not done():
+        assert asyncio.get_running_loop().time() < deadline, "not seen in time"
+        await asyncio.sleep(0.01)
