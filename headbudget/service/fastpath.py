@@ -51,15 +51,12 @@ class ClassifyFastPath:
         if self.runtime.rate_memo and await self._refused_unread(scope, receive, send):
             return
         messages: list[Message] = []
-        body = b""
         while True:
             message = await receive()  # the caller's receive enforces the body limit (413)
             messages.append(message)
-            if message["type"] != "http.request":
+            if message["type"] != "http.request" or not message.get("more_body", False):
                 break
-            body += message.get("body", b"")
-            if not message.get("more_body", False):
-                break
+        body = b"".join(m.get("body", b"") for m in messages) if len(messages) > 1 else messages[0].get("body", b"")
         parsed = _parse(scope, body) if messages[-1]["type"] == "http.request" else None
         if parsed is None:
             await self.app(scope, _replay(messages, receive), send)

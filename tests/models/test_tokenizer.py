@@ -45,3 +45,24 @@ def test_another_pre_tokenizer_bounds_by_the_special_tokens(tmp_path: Path) -> N
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(tmp_path / "tokenizer.json"))
     assert TextEncoder(tmp_path, 16).fewest_tokens(["a a a", "a"]) == [0, 0]
+
+
+def test_plain_texts_are_counted_without_translating_them_and_alike() -> None:
+    """ASCII texts whose only controls are tab, newline and return take the path that translates no bytes; it
+    counts what the general path counts, empty texts and edges included; any other character sends the batch to
+    the general path."""
+    from headbudget.models.tokenizer import _plain_words, _words
+
+    rng = random.Random(1)
+    plain = list("ab ,.-\t\n\r")
+    for _ in range(500):
+        texts = ["".join(rng.choice(plain) for _ in range(rng.randrange(0, 30))) for _ in range(rng.randrange(1, 6))]
+        fast = _plain_words(texts)
+        assert fast is not None and fast.tolist() == _words(texts).tolist(), texts
+    for odd in ("\x0b", "\x00", "\x7f", "\u00e9", "\u00a0"):
+        assert _plain_words(["plain words", f"one{odd}word"]) is None
+    assert _plain_words(["", "a b", ""]).tolist() == [0, 2, 0]  # type: ignore[union-attr]
+
+
+def test_no_texts_no_bounds(encoder: TextEncoder) -> None:
+    assert encoder.fewest_tokens([]) == []

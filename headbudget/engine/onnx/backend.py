@@ -68,10 +68,14 @@ def _shared_arena() -> None:
 def _return_large_frees() -> None:
     """Have glibc give blocks of 1 MiB and more back to the system when they are freed (a fixed M_MMAP_THRESHOLD):
     by default the threshold rises to the largest block freed, and the arena's regions freed after a large batch
-    stay in the heap (docs/results.md, 'Memory under large requests')."""
+    stay in the heap (docs/results.md, 'Memory under large requests'). Fixing it also fixes the heap's trim
+    threshold at its 128 KiB default: every free that left that much at the heap's top gave it back, and the next
+    allocation faulted it in again, which made a 64-text request's word count 12x slower; 8 MiB keeps a few of
+    those blocks at hand."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 8 << 20)  # M_TRIM_THRESHOLD
     except (OSError, AttributeError):  # not glibc: its own policy
         pass
 
