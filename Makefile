@@ -92,10 +92,12 @@ sweep: $(CHECKPOINT)/config.json
 bench: train
 	$(BIN)/headbudget bench --model $(CHECKPOINT) $(if $(DATA_DIR),--data $(DATA_DIR)) --precision $(PRECISION) --repeats 30 --out $(CHECKPOINT)/bench.json
 
-# Requests are logged to logs/access.log, so that the curl command stays the last thing on the terminal.
-run: train
+# Requests are logged to logs/access.log, so that the curl command stays the last thing on the terminal. The server
+# answers as soon as the checkpoint is trained; a checkpoint without a decider gets one in the background
+# (logs/decider.log, about a minute), and budget=auto works from then on.
+run: $(CHECKPOINT)/config.json
 	$(BIN)/headbudget serve --model $(CHECKPOINT) --config service.toml --precision $(PRECISION) --host $(HOST) \
-	  --port $(PORT) --access-log logs/access.log --print-curl
+	  --port $(PORT) --access-log logs/access.log --print-curl --decider-data $(DATA)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -111,7 +111,8 @@ def make_run(clone: Path, log: Path, timeout_s: float) -> dict[str, Any]:
 
 def _after(lines: list[str], curl: str) -> list[str]:
     at = max(i for i, ln in enumerate(lines) if ln.strip() == curl)
-    return [ln.rstrip() for ln in lines[at + 1:] if ln.strip() and not ln.strip().startswith("Requests are logged")]
+    notes = ("Requests are logged", "budget=auto is being calibrated")  # the server's own note below the command
+    return [ln.rstrip() for ln in lines[at + 1:] if ln.strip() and not ln.strip().startswith(notes)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,6 +43,10 @@ def register(subparsers: Any) -> None:
                    help="write the access records (JSON lines) to FILE instead of stderr")
     p.add_argument("--print-curl", action="store_true",
                    help="once ready, print a curl command with a development key valid while the server runs")
+    p.add_argument("--decider-data", metavar="DATA",
+                   help="when the checkpoint has no decider.json: once serving, make one in the background "
+                        "(`headbudget decider --data DATA`, at low priority; its output in decider.log beside the "
+                        "access log, else in the checkpoint) and reload, so that budget=auto works from then on")
     p.set_defaults(func=run)
 
 
@@ -64,8 +68,18 @@ def _needs_torch(model_dir: Path, backend: str) -> bool:
     return backend == "torch" or not model_type(checkpoint_config(model_dir)[1].model_type).static_plans
 
 
+def _lacks_decider(model_dir: Path) -> bool:
+    """A budgeted checkpoint without a usable decider.json (none, or one made for other weights)."""
+    from headbudget.engine.factory import model_info
+    from headbudget.engine.types import EngineOptions
+    from headbudget.models.model_types import model_type
+
+    info = model_info(model_dir, EngineOptions())
+    return info.decider is None and model_type(info.model_type).static_plans
+
+
 def run(args: argparse.Namespace) -> int:
-    from headbudget.service.server import serve
+    from headbudget.service.server import Calibration, serve
     from headbudget.service.settings import ConfigError, ServeSettings, load_config, serve_env
 
     try:
@@ -105,11 +119,16 @@ def run(args: argparse.Namespace) -> int:
     settings = ServeSettings(model_dir=model.resolve(), config_path=option("config").resolve(), backend=backend,
                              precision=precision, threads=option("threads"), log_level=log_level,
                              access_log=args.access_log.resolve() if args.access_log else None)
+    calibration = None
+    if args.decider_data and _lacks_decider(model):
+        folder = settings.access_log.parent if settings.access_log else settings.model_dir
+        calibration = Calibration(settings.model_dir, args.decider_data, precision, folder / "decider.log")
     try:
         load_config(settings.config_path)  # a bad file or variable is refused before anything else is said
         if defaulted:
             log.info("precision %s (the default for this checkpoint and backend; --precision to change)", precision)
         return serve(settings, host=option("host"), port=port, workers=option("workers"),
-                     print_curl=args.print_curl, log_level=log_level, access_log=settings.access_log)
+                     print_curl=args.print_curl, log_level=log_level, access_log=settings.access_log,
+                     calibration=calibration)
     except ConfigError as e:
         raise CliError(str(e)) from None

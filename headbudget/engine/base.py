@@ -108,6 +108,13 @@ class EngineBase:
         self._plans: dict[float, ExecutionPlan] = {}
         self._costs: dict[tuple[float, int], Cost] = {}  # (budget, tokens) -> one pass's cost (a decider's auto)
 
+    def reload_decider(self) -> ModelInfo:
+        # Imported here: the factory imports the backends, which import this module.
+        from headbudget.engine.factory import with_decider
+
+        self.info = with_decider(self.model_dir, self.info)
+        return self.info
+
     # -- to implement ----------------------------------------------------------------------------------
     def make_plan(self, budget: float) -> ExecutionPlan:
         """The plan ``budget`` (already validated) turns into for this checkpoint."""

@@ -73,6 +73,12 @@ class Engine(Protocol):
         """Build and touch every graph/session the budget grid needs, so first requests are not slow."""
         ...
 
+    def reload_decider(self) -> ModelInfo:
+        """Read the checkpoint's decider.json again (one `headbudget decider` made after start-up): ``Auto`` runs
+        through it from the next batch on. A file that is missing or unusable leaves the running decider as it is.
+        Returns ``info`` from now on. Safe from any thread (``info`` is replaced whole)."""
+        ...
+
     def close(self) -> None:
         """Release sessions and threads."""
         ...

@@ -107,7 +107,9 @@ class Runtime:
         return budgets or (list(planner.grid) if planner else [])
 
     def reload(self) -> bool:
-        """Re-read the config file (SIGHUP); keep the old config when the new one is invalid."""
+        """Re-read the config file (SIGHUP); keep the old config when the new one is invalid. A decider.json made
+        since start-up is taken too."""
+        self._reload_decider()
         if self.config_path is None:
             return False
         try:
@@ -134,6 +136,15 @@ class Runtime:
                 task.add_done_callback(self._tasks.discard)
         log.info("config reloaded", extra={"tiers": sorted(new.tiers), "keys": len(new.keys)})
         return True
+
+    def _reload_decider(self) -> None:
+        engine = self.batcher.engine
+        if engine is None or self.info is None:
+            return
+        info = engine.reload_decider()
+        if info.decider is not None and info.decider != self.info.decider:
+            self.info = info
+            log.info("budget=auto: the checkpoint's decider.json serves it from now on")
 
     async def readiness(self) -> tuple[bool, dict[str, str]]:
         """(ready?, the checks that decide it) for /readyz."""

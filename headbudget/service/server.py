@@ -9,10 +9,13 @@ import shlex
 import shutil
 import signal
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import uvicorn
@@ -67,18 +70,58 @@ def curl_command(host: str, port: int, key: str, budget: float | str) -> str:
             f"-H 'Content-Type: application/json' -d {shlex.quote(body)}")
 
 
-def _announce_when_ready(url: str, command: str, stop: threading.Event, note: str = "") -> None:
-    """Poll /readyz, then print the curl command once (stdout, not the log: the key must stay out of logs)."""
+def _ready(url: str, stop: threading.Event) -> bool:
+    """Poll /readyz until it answers 200 (True) or ``stop`` is set (False)."""
     while not stop.is_set():
         try:
             with urllib.request.urlopen(url, timeout=1) as r:
                 if r.status == 200:
-                    print(f"\nheadbudget is ready. Try it (a development key, valid while this server runs):\n\n"
-                          f"  {command}\n{note}", flush=True)
-                    return
+                    return True
         except OSError:
             pass
         stop.wait(0.5)
+    return False
+
+
+def _announce_when_ready(url: str, command: str, stop: threading.Event, note: str = "") -> None:
+    """Print the curl command once ready (stdout, not the log: the key must stay out of logs)."""
+    if _ready(url, stop):
+        print(f"\nheadbudget is ready. Try it (a development key, valid while this server runs):\n\n"
+              f"  {command}\n{note}", flush=True)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A decider to make once the server answers (`headbudget decider` on ``data``, its output in ``log``), for a
+    checkpoint served without one: the first answer does not wait for it, and budget=auto works once it is made."""
+
+    model_dir: Path
+    data: str
+    precision: str
+    log: Path
+
+
+def _calibrate_when_ready(url: str, job: Calibration, stop: threading.Event) -> None:
+    """Run the decider at low priority once ready, then SIGHUP this process: every worker takes the new
+    decider.json on its reload (Runtime.reload)."""
+    if not _ready(url, stop):
+        return
+    job.log.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "headbudget.cli", "decider", "--model", str(job.model_dir), "--data", job.data,
+           "--precision", job.precision]
+    if shutil.which("nice"):  # the server's requests first
+        cmd = ["nice", "-n", "10", *cmd]
+    with open(job.log, "ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        while proc.poll() is None:
+            if stop.wait(0.5):
+                proc.terminate()
+                proc.wait(10)
+                return
+    if proc.returncode != 0:
+        log.warning("budget=auto: calibrating a decider failed (exit %d); see %s", proc.returncode, job.log)
+        return
+    os.kill(os.getpid(), signal.SIGHUP)
 
 
 def _metrics_dir(workers: int) -> str | None:
@@ -97,8 +140,10 @@ def _metrics_dir(workers: int) -> str | None:
 
 
 def serve(settings: ServeSettings, *, host: str = "127.0.0.1", port: int = 8000, workers: int = 1,
-          print_curl: bool = False, log_level: str = "info", access_log: Path | None = None) -> int:
-    """Serve until SIGINT/SIGTERM; in-flight requests finish before the process exits."""
+          print_curl: bool = False, log_level: str = "info", access_log: Path | None = None,
+          calibration: Calibration | None = None) -> int:
+    """Serve until SIGINT/SIGTERM; in-flight requests finish before the process exits. ``calibration``: a decider
+    to make in the background once the server answers."""
     configure_logging(log_level.upper(), access_log)
     config = load_config(settings.config_path)  # refuse a bad config before loading anything
     if workers > 1 and not config.state.redis_url:
@@ -115,12 +160,18 @@ def serve(settings: ServeSettings, *, host: str = "127.0.0.1", port: int = 8000,
                              access_log=False, lifespan="on", log_level=log_level,
                              timeout_graceful_shutdown=int(config.server.graceful_timeout_s))
     stop = threading.Event()
+    ready_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}/readyz"
     if key is not None:
         command = curl_command(host, port, key, config.tier(_curl_tier(config)).default_budget)
-        shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
         note = f"  Requests are logged to {access_log}; Ctrl-C stops the server.\n" if access_log else ""
-        threading.Thread(target=_announce_when_ready, args=(f"http://{shown}:{port}/readyz", command, stop, note),
-                         daemon=True).start()
+        if calibration is not None:
+            note += (f"  budget=auto is being calibrated in the background (about a minute; {calibration.log}); "
+                     "until then it answers 400.\n")
+        threading.Thread(target=_announce_when_ready, args=(ready_url, command, stop, note), daemon=True).start()
+    calibrating = None
+    if calibration is not None:
+        calibrating = threading.Thread(target=_calibrate_when_ready, args=(ready_url, calibration, stop), daemon=True)
+        calibrating.start()
     started = time.monotonic()
     try:
         if workers == 1:
@@ -134,6 +185,8 @@ def serve(settings: ServeSettings, *, host: str = "127.0.0.1", port: int = 8000,
             failed = any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes)
     finally:
         stop.set()
+        if calibrating is not None:
+            calibrating.join(15)  # a decider still running is stopped with the server
         if own_metrics_dir:
             shutil.rmtree(own_metrics_dir, ignore_errors=True)
     log.info("stopped", extra={"uptime_s": round(time.monotonic() - started, 1)})

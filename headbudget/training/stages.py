@@ -43,7 +43,9 @@ class StageResult:
 
     stage: str
     steps: int
-    best_val: float  # selection metric of the kept weights
+    # Selection metric of the kept weights; None where the stage's one evaluation would have selected nothing and
+    # was not run (run_stage's ``final``).
+    best_val: float | None
     history: list[dict[str, float]]
     seconds: float
 
@@ -171,11 +173,13 @@ class _Selection:
 
 def run_stage(
     model: BudgetedClassifier, stage: Stage, recipe: Recipe, train: TokenizedSplit, val: TokenizedSplit,
-    seed: int, teacher: BudgetedClassifier | None = None, fixed_budget: float | None = None,
+    seed: int, teacher: BudgetedClassifier | None = None, fixed_budget: float | None = None, final: bool = True,
 ) -> StageResult:
     """Train ``model`` in place for one stage and leave it holding the best weights seen on validation.
 
     ``fixed_budget`` trains every batch at that budget instead of b ~ U[b_min, 1] (the per-budget baselines).
+    ``final`` False: a stage another follows; if it evaluates only once, at its end, that evaluation selects nothing
+    (the last weights are kept either way) and is skipped: the `quick` recipe's two first stages.
     """
     import time
 
@@ -186,6 +190,7 @@ def run_stage(
     if spec.adaptive and adaptive is None:
         raise ValueError("the adapt stage needs an adaptive model type (budgetformer, span, adaattention)")
     n, steps, eval_every = _schedule(len(train), recipe, spec.epochs(recipe))
+    evaluates = final or eval_every < steps
     opt, sched = _optimizer(model, recipe, stage, steps)
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
@@ -205,14 +210,16 @@ def run_stage(
             # The validation figure once there is one (the quick recipe evaluates once, at a stage's end).
             bar.update(loss=f"{loss.item():.3f}", **({"b": f"{b:.2f}"} if shows_budget else {}),
                        **({"val": f"{selection.best:.3f}"} if selection.history else {}))
-            if step % eval_every == 0 or step == steps:
+            if evaluates and (step % eval_every == 0 or step == steps):
                 selection.evaluate(model, val, stage, recipe, loss, step, steps, adaptive is not None)
             if step >= steps:
                 break
     bar.close()
-    model.load_state_dict(selection.state)
+    if selection.history:
+        model.load_state_dict(selection.state)
     model.eval()
-    return StageResult(stage, steps, selection.best, selection.history, time.perf_counter() - t0)
+    return StageResult(stage, steps, selection.best if selection.history else None, selection.history,
+                       time.perf_counter() - t0)
 
 
 def _stage_loss(

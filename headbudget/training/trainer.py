@@ -139,7 +139,7 @@ def _resume_stage(stage: str, stage_dir: Path, run_gate: GateConfig,
         raise DataError(f"cannot resume from {stage_dir}: {e}") from e
     model = _as_run_gate(loaded, run_gate, stage, stage_dir).to(device)
     record = json.loads((stage_dir / "done.json").read_text())
-    log.info("stage %s: already done (val %.4f), resuming after it", stage, record["best_val"])
+    log.info("stage %s: already done (%s), resuming after it", stage, _val_text(record["best_val"]))
     return model, record
 
 
@@ -151,7 +151,8 @@ def _run_stages(run: RunConfig, out: Path, model: BudgetedClassifier, base: Base
     run_gate = model.cfg.gate  # what this run's model is, whatever a copied stage folder holds
     results: dict[str, Any] = {}
     teacher: BudgetedClassifier | None = None  # kept for later stages that name none of their own
-    for i, stage in enumerate(model_type(run.model_type).stages):
+    stages = model_type(run.model_type).stages
+    for i, stage in enumerate(stages):
         spec = STAGES[stage]
         stage_dir = out / "stages" / stage
         if (stage_dir / "done.json").is_file():
@@ -168,12 +169,16 @@ def _run_stages(run: RunConfig, out: Path, model: BudgetedClassifier, base: Base
             record = _skip_dense(model, base, val_split)
         else:
             record = asdict(run_stage(model, stage, recipe, train_split, val_split, seed=run.seed + i,
-                                      teacher=teacher))
+                                      teacher=teacher, final=i == len(stages) - 1))
         save_checkpoint(model, stage_dir, {"stage": stage, "model_type": model.cfg.model_type})
         results[stage] = record
         (stage_dir / "done.json").write_text(json.dumps(results[stage], indent=2) + "\n")
-        log.info("stage %s: best validation %.4f in %.0f s", stage, record["best_val"], record["seconds"])
+        log.info("stage %s: %s in %.0f s", stage, _val_text(record["best_val"], "best "), record["seconds"])
     return model, results
+
+
+def _val_text(best_val: float | None, best: str = "") -> str:
+    return f"{best}validation {best_val:.4f}" if best_val is not None else "no validation (its one evaluation would select nothing)"
 
 
 def _checkpoint_meta(run: RunConfig, out: Path, ds: DataSet, max_length: int, base: Base,

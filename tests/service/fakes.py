@@ -158,6 +158,9 @@ class FakeEngine:
     def warmup(self) -> None:
         self.warmed = True
 
+    def reload_decider(self) -> ModelInfo:
+        return self.info
+
     def close(self) -> None:
         self.closed = True
 
