@@ -123,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
     if args.decider_data and _lacks_decider(model):
         folder = settings.access_log.parent if settings.access_log else settings.model_dir
         calibration = Calibration(settings.model_dir, args.decider_data, precision, folder / "decider.log")
+        settings = settings.model_copy(update={"decider_pending": True})
     try:
         load_config(settings.config_path)  # a bad file or variable is refused before anything else is said
         if defaulted:

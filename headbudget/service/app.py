@@ -44,10 +44,11 @@ def _install_sighup(runtime: Runtime) -> None:
 
 
 def create_app(config: ServiceConfig, engine_factory: Callable[[], Engine], *, config_path: Path | None = None,
-               extra_key_hashes: dict[str, str] | None = None, state: StateStore | None = None) -> FastAPI:
+               extra_key_hashes: dict[str, str] | None = None, state: StateStore | None = None,
+               decider_pending: bool = False) -> FastAPI:
     """A ready-to-serve app; the engine is loaded and warmed up during start-up, closed at shutdown."""
     runtime = Runtime(config, engine_factory, config_path=config_path, extra_key_hashes=extra_key_hashes,
-                      state=state)
+                      state=state, decider_pending=decider_pending)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -104,4 +105,4 @@ def app_from_env() -> FastAPI:
     # [server] max_activation_mb bounds the memory of every forward pass.
     factory = default_engine_factory(settings, config.default_budgets(), config.server.max_activation_mb)
     return create_app(config, factory, config_path=settings.config_path,
-                      extra_key_hashes=settings.extra_key_hashes)
+                      extra_key_hashes=settings.extra_key_hashes, decider_pending=settings.decider_pending)

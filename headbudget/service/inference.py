@@ -54,7 +54,8 @@ class BudgetChoice:
         return self.request.max_latency_ms if isinstance(self.request, LatencyTarget) else None
 
 
-def choose_budget(body: ClassifyRequest, params: BudgetParams, caller: Caller, supports_auto: bool) -> BudgetChoice:
+def choose_budget(body: ClassifyRequest, params: BudgetParams, caller: Caller, supports_auto: bool,
+                  decider_pending: bool = False) -> BudgetChoice:
     """Merge query and body (else the tier default), check the tier's maximum (403), and reject auto where
     unsupported (400). ``auto`` runs under a ceiling: the request's ``max_budget`` (403 above the tier's
     max_budget, like a budget), else the tier's max_budget."""
@@ -77,6 +78,9 @@ def choose_budget(body: ClassifyRequest, params: BudgetParams, caller: Caller, s
     if budget is None:
         budget = caller.tier.default_budget
     if budget == AUTO:
+        if not supports_auto and decider_pending:
+            raise Unavailable("budget=auto is not ready yet: this server is making the checkpoint's decider "
+                              "(about a minute after start-up)", retry_after_s=15)
         if not supports_auto:
             raise BadRequest("budget=auto needs a checkpoint that predicts its own budget or has a decider "
                              "(decider.json, made by `headbudget decider`); this one has neither")
@@ -126,7 +130,7 @@ async def answer(runtime: Runtime, caller: Caller, body: ClassifyRequest, params
     """A validated, authenticated /classify request, start to finish (the route and the fast path): the answer's
     body, as ``classify`` builds it."""
     supports_auto = runtime.info.supports_auto if runtime.info else False
-    choice = choose_budget(body, params, caller, supports_auto)
+    choice = choose_budget(body, params, caller, supports_auto, runtime.decider_pending)
     return await classify(runtime, caller, body, choice, request)
 
 

@@ -27,7 +27,7 @@ class Runtime:
 
     def __init__(self, config: ServiceConfig, engine_factory: Callable[[], Engine], *,
                  config_path: Path | None = None, extra_key_hashes: dict[str, str] | None = None,
-                 state: StateStore | None = None) -> None:
+                 state: StateStore | None = None, decider_pending: bool = False) -> None:
         self.config = config
         self.config_path = config_path
         self.extra_key_hashes = dict(extra_key_hashes or {})
@@ -36,6 +36,7 @@ class Runtime:
         self.state: StateStore = state if state is not None else make_state(config.state)
         self.batcher = Batcher(engine_factory, config.server, self.metrics)
         self.info: ModelInfo | None = None
+        self.decider_pending = decider_pending  # until a decider made beside the server is loaded
         self.unit: ComputeUnit | None = None  # what charges are counted in, from the checkpoint (service/compute.py)
         self.grid_heads: dict[float, int] = {}  # grid budget -> most heads it buys, computed at start-up
         self.grid_neurons: dict[float, int] = {}  # grid budget -> feed-forward neurons (whole-model budgets only)
@@ -142,6 +143,8 @@ class Runtime:
         if engine is None or self.info is None:
             return
         info = engine.reload_decider()
+        # The reload that follows the decider's making, or its failure: auto is no longer "not yet" either way.
+        self.decider_pending = False
         if info.decider is not None and info.decider != self.info.decider:
             self.info = info
             log.info("budget=auto: the checkpoint's decider.json serves it from now on")

@@ -118,9 +118,8 @@ def _calibrate_when_ready(url: str, job: Calibration, stop: threading.Event) -> 
                 proc.terminate()
                 proc.wait(10)
                 return
-    if proc.returncode != 0:
+    if proc.returncode != 0:  # the reload still comes: auto then says what is missing (400), not "not yet" (503)
         log.warning("budget=auto: calibrating a decider failed (exit %d); see %s", proc.returncode, job.log)
-        return
     os.kill(os.getpid(), signal.SIGHUP)
 
 
@@ -166,7 +165,7 @@ def serve(settings: ServeSettings, *, host: str = "127.0.0.1", port: int = 8000,
         note = f"  Requests are logged to {access_log}; Ctrl-C stops the server.\n" if access_log else ""
         if calibration is not None:
             note += (f"  budget=auto is being calibrated in the background (about a minute; {calibration.log}); "
-                     "until then it answers 400.\n")
+                     "until then it answers 503.\n")
         threading.Thread(target=_announce_when_ready, args=(ready_url, command, stop, note), daemon=True).start()
     calibrating = None
     if calibration is not None:

@@ -388,6 +388,7 @@ class ServeSettings(BaseModel):
     log_level: Literal["debug", "info", "warning", "error"] = "info"  # every process's, workers' included
     access_log: Path | None = None  # access records to this file instead of stderr
     extra_key_hashes: dict[str, str] = {}  # sha256 -> tier: ephemeral keys (serve --print-curl), never written
+    decider_pending: bool = False  # a decider is being made beside the server (serve --decider-data)
 
     def engine_options(self, prepacked_budgets: tuple[float, ...] | None = None,
                        max_activation_mb: int | None = None) -> EngineOptions:

@@ -289,8 +289,6 @@ class MemoryState:
         self._usage: dict[tuple[str, str], dict[str, UsageRow]] = {}  # (day, owner) -> tier -> usage; this worker's
         self._totals: dict[str, Usage] = {}
         self._done: OrderedDict[str, Admission | None] = OrderedDict()  # write id -> its answer, oldest first
-        self._revoked: dict[str, str] = {}
-        self._watchers: list[Callable[[Iterable[str]], None]] = []
 
     def _first(self, write_id: str, answer: Admission | None = None) -> bool:
         """Whether ``write_id`` is new (then remember it, with ``answer`` for an admission)."""
@@ -396,20 +394,11 @@ class MemoryState:
         return sum(window) / len(window)
 
     async def revoke(self, revoked: Mapping[str, str]) -> None:
-        new = [h for h in revoked if h not in self._revoked]
-        self._revoked.update({h: revoked[h] for h in new})
-        for seen in self._watchers if new else ():
-            seen(new)
+        return None  # one process: its config file is where keys are revoked, and undone
 
     async def watch_revocations(self, own: Callable[[], Mapping[str, str]],
                                 seen: Callable[[Iterable[str]], None]) -> None:
-        await self.revoke(own())
-        seen(list(self._revoked))
-        self._watchers.append(seen)
-        try:
-            await asyncio.Event().wait()
-        finally:
-            self._watchers.remove(seen)
+        await asyncio.Event().wait()  # no other process to hear from
 
     async def ping(self) -> bool:
         return True

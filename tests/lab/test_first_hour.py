@@ -17,7 +17,7 @@ OUTPUT = [
     "  curl -s 'http://127.0.0.1:8000/classify?budget=0.5' -H 'X-API-Key: hb_x' -d '{\"text\": \"a\"}'\n",
     "  Requests are logged to /tmp/logs/access.log; Ctrl-C stops the server.\n",
     "  budget=auto is being calibrated in the background (about a minute; /tmp/logs/decider.log); until then it "
-    "answers 400.\n",
+    "answers 503.\n",
     "\n",
 ]
 

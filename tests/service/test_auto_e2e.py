@@ -44,7 +44,7 @@ def test_auto_answers_with_each_texts_predicted_budget(budgetformer_smoke: Path,
 def test_a_decider_made_while_serving_is_taken_without_a_restart(smoke_model_scope_checkpoint: Path,
                                                                   tmp_path: Path) -> None:
     """`serve --decider-data` on a checkpoint without decider.json (as `make run` starts it): the server answers at
-    once, budget=auto is a 400 until the decider made in the background is written, then the same server (same
+    once, budget=auto is a 503 (not yet) until the decider made in the background is written, then the same server (same
     process) runs auto through it."""
     folder = tmp_path / "ckpt"
     shutil.copytree(smoke_model_scope_checkpoint, folder, ignore=shutil.ignore_patterns("onnx", "decider.json"))
@@ -53,11 +53,12 @@ def test_a_decider_made_while_serving_is_taken_without_a_restart(smoke_model_sco
     with start_server(folder, toml_of(e2e_config()), tmp_path / "srv", extra=extra) as s, \
             httpx.Client(base_url=s.url, timeout=30) as c:
         first = c.post("/classify?budget=auto", json={"text": TEXTS[0]}, headers=h("quality"))
-        assert first.status_code == 400 and "decider" in first.json()["error"]["message"]
+        assert first.status_code == 503 and "making the checkpoint's decider" in first.json()["error"]["message"]
+        assert int(first.headers["retry-after"]) > 0
         assert c.post("/classify?budget=0.5", json={"text": TEXTS[0]}, headers=h("quality")).status_code == 200
         deadline = time.monotonic() + 300
         while (auto := c.post("/classify?budget=auto", json={"text": TEXTS[0]}, headers=h("quality"))).status_code \
-                == 400 and time.monotonic() < deadline and s.proc.poll() is None:
+                == 503 and time.monotonic() < deadline and s.proc.poll() is None:
             time.sleep(0.5)
         assert auto.status_code == 200, (auto.text, (tmp_path / "logs" / "decider.log").read_text()[-2000:])
         assert auto.json()["results"][0]["budget_requested"] == "auto"
