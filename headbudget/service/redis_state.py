@@ -353,9 +353,10 @@ class RedisState:
                 if was_up:
                     log.warning("redis: revocations from other replicas wait until it is back (%s)", e)
                 was_up = False
-            finally:
+            finally:  # each closed even when the other fails to
                 with contextlib.suppress(RedisError, OSError):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
+                with contextlib.suppress(RedisError, OSError):
                     await listener.aclose()
             await asyncio.sleep(_WATCH_PAUSE_S)
 
