@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -169,3 +170,32 @@ async def wait_for(done: Callable[[], bool], timeout_s: float = 10.0) -> None:
     while not done():
         assert asyncio.get_running_loop().time() < deadline, "not seen in time"
         await asyncio.sleep(0.01)
+
+
+async def test_a_redis_that_lost_its_data_learns_the_revocations_again(tmp_path: Path) -> None:
+    """Redis restarted empty: the watcher reconnects, hands its own revocations to the store again, and hears the
+    ones made after."""
+    from tests.service.replicas import RedisServer
+
+    redis = RedisServer(tmp_path / "redis")
+    redis.start()
+    store = RedisState(StateConfig(redis_url=redis.url))
+    a, b = "aa" * 32, "bb" * 32
+    seen: list[str] = []
+    watching = asyncio.create_task(store.watch_revocations(lambda: {a: ""}, seen.extend))
+    try:
+        await wait_for(lambda: a in seen)
+        redis.stop()
+        assert (tmp_path / "redis" / "appendonlydir").is_dir()
+        shutil.rmtree(tmp_path / "redis" / "appendonlydir")  # its data gone with it
+        redis.start()
+        seen.clear()
+        await wait_for(lambda: a in seen)  # read back from the store, which the watcher refilled
+        assert await store._redis.hkeys("headbudget:revoked") == [a]
+        await store.revoke({b: ""})
+        await wait_for(lambda: b in seen)
+    finally:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+        await store.close()
+        redis.stop()
