@@ -56,7 +56,7 @@ class ClassifyFastPath:
             messages.append(message)
             if message["type"] != "http.request" or not message.get("more_body", False):
                 break
-        body = b"".join(m.get("body", b"") for m in messages) if len(messages) > 1 else messages[0].get("body", b"")
+        body = b"".join(m.get("body", b"") for m in messages)  # one message: its body itself, not a copy
         parsed = _parse(scope, body) if messages[-1]["type"] == "http.request" else None
         if parsed is None:
             await self.app(scope, _replay(messages, receive), send)

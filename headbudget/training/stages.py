@@ -194,7 +194,7 @@ def run_stage(
     opt, sched = _optimizer(model, recipe, stage, steps)
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
-    selection = _Selection(-1.0, copy.deepcopy(model.state_dict()), [])
+    selection = _Selection(-1.0, copy.deepcopy(model.state_dict()) if evaluates else {}, [])
     bar = Progress(steps, stage)
     # The bar shows a budget only where the loss takes one: the dense and adapt stages draw one they never use
     # (the draw stays, so that a run's random stream, hence its result, is what it was).
