@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
 
 from headbudget.engine.protocol import Meter
 from headbudget.engine.types import Auto, BudgetRequest, Cost, Fixed, LatencyTarget, Prediction, Tokens
@@ -133,17 +134,14 @@ def floor_quote(meter: Meter, unit: ComputeUnit, texts: Sequence[str], budget: f
     (``Meter.fewest_tokens``): a request the rate, the quota or the cap refuses even at this price is refused
     before it is tokenized."""
     counts = meter.fewest_tokens(texts)
-    return Quote(budget, tuple((n, False) for n in counts), _charges(meter, unit, budget, counts), exact=False)
+    return Quote(budget, tuple(zip(counts, repeat(False))), _charges(meter, unit, budget, counts), exact=False)
 
 
 def _charges(meter: Meter, unit: ComputeUnit, budget: float, counts: Sequence[int]) -> tuple[int, ...]:
     """Milli-units per text of ``counts`` tokens at ``budget``, each distinct count priced once (a large request's
     texts are mostly cut at one length)."""
-    each: dict[int, int] = {}
-    for n in counts:
-        if n not in each:
-            each[n] = unit.milli(meter.cost(budget, n).total_macs)
-    return tuple(each[n] for n in counts)
+    each = {n: unit.milli(meter.cost(budget, n).total_macs) for n in set(counts)}
+    return tuple(map(each.__getitem__, counts))
 
 
 def check_cap(tier: TierConfig, priced: Quote) -> None:

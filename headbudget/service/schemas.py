@@ -48,7 +48,7 @@ class ClassifyRequest(_Body):
     @field_validator("text")
     @classmethod
     def _not_blank(cls, v: str | None) -> str | None:
-        if v is not None and not v.strip():
+        if v is not None and (not v or v.isspace()):
             raise ValueError("text is empty or whitespace")
         return v
 
@@ -56,7 +56,7 @@ class ClassifyRequest(_Body):
     @classmethod
     def _none_blank(cls, v: list[str] | None) -> list[str] | None:
         for i, t in enumerate(v or ()):
-            if not t.strip():
+            if not t or t.isspace():  # as `not t.strip()`, without copying the text
                 raise ValueError(f"texts[{i}] is empty or whitespace")
         return v
 

@@ -30,6 +30,8 @@ CASES: list[tuple[str, bytes, dict[str, str]]] = [
     ("", b"", headers()),  # empty body
     ("", b'{"text": "x", "colour": "red"}', headers()),  # unknown field
     ("", b'{"text": "   "}', headers()),  # blank text
+    ("", json.dumps({"texts": ["a", " \u3000\n"]}).encode(), headers()),  # a blank text among others (Unicode space)
+    ("", b'{"texts": ["a", ""]}', headers()),  # an empty one
     ("", b'{"text": "x", "texts": ["y"]}', headers()),  # both
     ("", json.dumps({"texts": ["t"] * 65}).encode(), headers()),  # too many texts
     ("?budget=NaN", b'{"text": "x"}', headers()),
