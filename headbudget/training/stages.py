@@ -86,7 +86,10 @@ def _optimizer(model: BudgetedClassifier, recipe: Recipe, stage: Stage, steps: i
     else:
         for p in gate_params:
             p.requires_grad_(False)
-    opt = torch.optim.AdamW(groups)
+    # On CPU the fused kernel updates every tensor in one call, where torch's default there loops over them in
+    # Python (docs/decisions.md, 2026-11-29); on CUDA torch's own default stays, so runs there repeat exactly.
+    on_cpu = all(p.device.type == "cpu" for g in groups for p in g["params"])
+    opt = torch.optim.AdamW(groups, fused=True if on_cpu else None)
     warm = max(1, int(steps * recipe.warmup_fraction))
 
     def lr_factor(s: int) -> float:  # linear warm-up, then linear decay to zero
