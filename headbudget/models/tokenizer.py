@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 
 import numpy as np
@@ -34,10 +35,8 @@ def _plain_words(texts: list[str]) -> np.ndarray | None:
         return None
     space = x < 33
     begins = space[:-1] & ~space[1:]  # k: a word begins at byte k + 1
-    # text i's words begin in begins[starts[i]:starts[i + 1]]; summed in int32 chunks, no int64 copy of begins
-    starts = np.zeros(len(texts), dtype=np.intp)
-    np.cumsum(np.fromiter(map(len, texts[:-1]), dtype=np.intp, count=len(texts) - 1) + 1, out=starts[1:])
-    return np.add.reduceat(begins, starts, dtype=np.int32).astype(np.int64)
+    ends = list(accumulate(len(t) + 1 for t in texts))  # text i's words begin in begins[ends[i - 1]:ends[i]]
+    return np.array([np.count_nonzero(begins[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True)])
 
 
 def _words(texts: list[str]) -> np.ndarray:
