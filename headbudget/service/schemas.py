@@ -24,6 +24,10 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _blank(text: str) -> bool:
+    return not text or text.isspace()  # `not text.strip()` without copying the text
+
+
 class ClassifyRequest(_Body):
     """Texts to classify, with an optional budget or latency limit (a query parameter may give them too)."""
 
@@ -48,7 +52,7 @@ class ClassifyRequest(_Body):
     @field_validator("text")
     @classmethod
     def _not_blank(cls, v: str | None) -> str | None:
-        if v is not None and (not v or v.isspace()):
+        if v is not None and _blank(v):
             raise ValueError("text is empty or whitespace")
         return v
 
@@ -56,7 +60,7 @@ class ClassifyRequest(_Body):
     @classmethod
     def _none_blank(cls, v: list[str] | None) -> list[str] | None:
         for i, t in enumerate(v or ()):
-            if not t or t.isspace():  # as `not t.strip()`, without copying the text
+            if _blank(t):
                 raise ValueError(f"texts[{i}] is empty or whitespace")
         return v
 
