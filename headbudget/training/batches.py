@@ -32,12 +32,14 @@ def tokenize(split: Split, encoder: TextEncoder) -> TokenizedSplit:
 
 def batches(
     data: TokenizedSplit, batch_size: int, device: torch.device, shuffle: bool = False,
-    rng: np.random.Generator | None = None, pad_id: int = 0, bucket: bool = False,
+    rng: np.random.Generator | None = None, pad_id: int = 0, bucket: bool = False, max_tokens: int | None = None,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """(input_ids, attention_mask, labels), each batch padded to its own longest sequence.
 
     Without shuffling, batches are formed over length-sorted examples (less padding, faster evaluation);
-    callers that need the original order get it back from ``order_for_eval``.
+    callers that need the original order get it back from ``order_for_eval``. ``max_tokens`` (without shuffling):
+    a batch also ends before its padded tokens (rows x its longest) would pass this, so long texts come in smaller
+    batches; a text longer than it comes alone.
     """
     n = len(data)
     if shuffle:
@@ -45,13 +47,29 @@ def batches(
         order = rng.permutation(n)
         if bucket:
             order = _bucketed(data, order, batch_size, rng)
+        spans = [(a, min(a + batch_size, n)) for a in range(0, n, batch_size)]
     else:
         order = order_for_eval(data)
-    for start in range(0, n, batch_size):
-        idx = order[start : start + batch_size]
+        spans = _eval_spans([len(data.ids[i]) for i in order], batch_size, max_tokens)
+    for start, end in spans:
+        idx = order[start:end]
         ids, mask = Encoded([data.ids[i] for i in idx], [False] * len(idx)).padded(pad_id)
         yield (torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device),
                torch.from_numpy(data.labels[idx]).to(device))
+
+
+def _eval_spans(lengths: list[int], batch_size: int, max_tokens: int | None) -> list[tuple[int, int]]:
+    """[start, end) of each batch over ascending ``lengths``: at most ``batch_size`` rows and, where given, at most
+    ``max_tokens`` padded tokens (the last row is the longest)."""
+    spans, start = [], 0
+    for i, length in enumerate(lengths):
+        rows = i - start + 1
+        if i > start and (rows > batch_size or (max_tokens is not None and rows * length > max_tokens)):
+            spans.append((start, i))
+            start = i
+    if lengths:
+        spans.append((start, len(lengths)))
+    return spans
 
 
 def _bucketed(data: TokenizedSplit, order: np.ndarray, batch_size: int, rng: np.random.Generator) -> np.ndarray:

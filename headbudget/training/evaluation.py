@@ -11,6 +11,14 @@ from headbudget.models.classifier import BudgetedClassifier
 from headbudget.training.batches import TokenizedSplit, batches, order_for_eval
 
 Mode = Literal["dense", "soft", "hard"]
+# An evaluation batch holds at most this many feed-forward activations (rows x padded tokens x the layer's width):
+# past the caches a larger batch costs more per text (docs/decisions.md, 2026-11-29).
+EVAL_ACTIVATIONS = 1 << 21
+
+
+def eval_tokens(model: BudgetedClassifier) -> int:
+    """Padded tokens per evaluation batch for ``model`` (``EVAL_ACTIVATIONS``)."""
+    return max(1, EVAL_ACTIVATIONS // model.cfg.intermediate_size)
 
 
 @torch.no_grad()
@@ -30,7 +38,7 @@ def predict_logits(
         gate = model.hard_gates(budget)
         depth = model.hard_depth(budget)
     out = []
-    for ids, mask, _ in batches(data, batch_size, device):
+    for ids, mask, _ in batches(data, batch_size, device, max_tokens=eval_tokens(model)):
         logits = model(ids, mask, gate) if depth is None else model(ids, mask, gate, depth)
         out.append(logits.float().cpu().numpy())
     model.train(was_training)
