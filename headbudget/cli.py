@@ -53,8 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
                            formatter_class=argparse.RawDescriptionHelpFormatter,
                            epilog="Run `headbudget COMMAND --help` for a command's options.")
     # The commands are listed by group in the description, so argparse's flat list is suppressed.
+    # prog: argparse would otherwise prefix each command's usage with the custom usage above
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser, metavar="COMMAND",
-                                help=argparse.SUPPRESS)
+                                help=argparse.SUPPRESS, prog="headbudget")
     for name in COMMANDS:
         try:
             module = importlib.import_module(f"headbudget.commands.{name}")

@@ -24,6 +24,13 @@ def test_help_says_what_headbudget_is_and_lists_every_command_once_by_group() ->
     assert "headbudget/commands" not in text and all(len(line) <= 100 for line in text.splitlines())
 
 
+def test_each_commands_usage_starts_with_its_own_name() -> None:
+    parser = build_parser()
+    choices = parser._subparsers._group_actions[0].choices  # noqa: SLF001
+    for name, sub in choices.items():
+        assert sub.format_usage().startswith(f"usage: headbudget {name} [-h]"), sub.format_usage()
+
+
 def test_no_command_is_one_line_naming_what_is_missing(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main([])
