@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
@@ -37,9 +37,11 @@ class Caller:
     name: str
 
 
-def presented_key(x_api_key: str | None, authorization: str | None) -> str | None:
-    """The key from ``X-API-Key`` or ``Authorization: Bearer``; None when neither is given; 401 when both are
-    given and name different keys (two credentials that disagree are refused, never resolved silently)."""
+def presented_key(x_api_keys: Sequence[str], authorizations: Sequence[str]) -> str | None:
+    """The key from ``X-API-Key`` or ``Authorization: Bearer`` (each header's values, as sent); None when neither
+    is given; 401 when a header is repeated with different values, or both are given and name different keys (two
+    credentials that disagree are refused, never resolved silently)."""
+    x_api_key, authorization = _one_value(x_api_keys, "X-API-Key"), _one_value(authorizations, "Authorization")
     bearer = None
     if authorization:
         scheme, _, token = authorization.partition(" ")
@@ -50,6 +52,12 @@ def presented_key(x_api_key: str | None, authorization: str | None) -> str | Non
     if key and bearer and not secrets.compare_digest(key.encode(), bearer.encode()):
         raise Unauthorized("X-API-Key and Authorization: Bearer carry different keys; send one key")
     return key or bearer
+
+
+def _one_value(values: Sequence[str], header: str) -> str | None:
+    if any(v != values[0] for v in values[1:]):
+        raise Unauthorized(f"{header} is given more than once with different values; send one key")
+    return values[0] if values else None
 
 
 def identify(config: ServiceConfig, extra_hashes: dict[str, str], key: str | None, client: str,

@@ -29,7 +29,7 @@ RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 def identify_caller(request: Request, runtime: Runtime) -> Caller:
     """Authenticate (401) and note the tier and key name for logs and metrics; no limit is applied."""
-    key = presented_key(request.headers.get("x-api-key"), request.headers.get("authorization"))
+    key = presented_key(request.headers.getlist("x-api-key"), request.headers.getlist("authorization"))
     client = request.client.host if request.client else "unknown"
     caller = identify(runtime.config, runtime.extra_key_hashes, key, client, revoked=runtime.revoked)
     request.state.tier = caller.tier.name

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, fields
 from typing import Any
 
 from starlette.requests import Request
@@ -33,6 +34,21 @@ class BudgetParams:
     budget: float | str | None = None
     max_latency_ms: float | None = None
     max_budget: float | None = None
+
+
+CLASSIFY_QUERY = tuple(f.name for f in fields(BudgetParams))  # /classify's query parameters
+
+
+def check_query(pairs: Iterable[tuple[str, str]], known: Collection[str]) -> None:
+    """422 unless every query parameter is one the route takes, given once: a misspelt budget would otherwise run
+    (and be charged at) the tier's default, and a repeated one its last value, without a word."""
+    seen: set[str] = set()
+    for name, _ in pairs:
+        if name not in known:
+            raise InvalidRequest(f"query.{name[:64]}: not a parameter of this route (it takes {', '.join(known)})")
+        if name in seen:
+            raise InvalidRequest(f"query.{name}: given more than once")
+        seen.add(name)
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,8 @@ class ClassifyRequest(_Body):
                           "above): no text spends more than one pass at this budget (all its passes together). "
                           "Default: the tier's max_budget.")
     max_latency_ms: LatencyLimit | None = Field(
-        None, description="Instead of a budget: the highest budget whose latency for these texts fits.")
+        None, description="Instead of a budget: the highest budget whose latency for these texts fits (the lowest "
+                          "when none does).")
 
     @field_validator("text")
     @classmethod

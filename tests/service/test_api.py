@@ -145,6 +145,36 @@ async def test_bad_query_budget(query: str) -> None:
     assert r.status_code == 422 and error_of(r)["code"] == "invalid_request"
 
 
+@pytest.mark.parametrize("fast_path", [True, False])
+@pytest.mark.parametrize("query, message", [
+    ("budgte=0.25", "query.budgte: not a parameter of this route (it takes budget, max_latency_ms, max_budget)"),
+    ("budget=0.25&budget=0.5", "query.budget: given more than once"),
+    ("budget=abc&budget=0.5", "query.budget: given more than once"),  # FastAPI reads only the last
+    ("max_budget=0.5&budget=auto&colour=red", "query.colour: not a parameter"),
+])
+async def test_a_misspelt_or_repeated_query_parameter_is_refused(fast_path: bool, query: str, message: str) -> None:
+    """Not run at the tier's default (or at the last value) without a word."""
+    async with running_app(make_config(fast_path=fast_path)) as (client, _, engine):
+        r = await client.post(f"/classify?{query}", json={"text": "x"}, headers=headers())
+    assert r.status_code == 422 and error_of(r)["code"] == "invalid_request"
+    assert error_of(r)["message"].startswith(message)
+    assert engine.calls == []
+
+
+async def test_a_key_header_repeated_with_different_keys_is_refused() -> None:
+    async with running_app() as (client, _, engine):
+        two = await client.post("/classify", json={"text": "x"},
+                                headers=[("X-API-Key", KEYS["cheap"]), ("X-API-Key", KEYS["quality"])])
+        bearers = await client.post("/classify", json={"text": "x"}, headers=[
+            ("Authorization", f"Bearer {KEYS['cheap']}"), ("Authorization", "Bearer hb_not_a_key")])
+        same = await client.post("/classify", json={"text": "x"},
+                                 headers=[("X-API-Key", KEYS["cheap"]), ("X-API-Key", KEYS["cheap"])])
+    for r in (two, bearers):
+        assert r.status_code == 401 and "more than once with different values" in error_of(r)["message"]
+    assert same.status_code == 200 and same.json()["tier"] == "cheap"
+    assert len(engine.calls) == 1
+
+
 async def test_budget_in_query_and_body_conflict_and_wrong_content_type() -> None:
     async with running_app() as (client, _, _):
         both = await client.post("/classify?budget=0.5", json={"text": "x", "budget": 0.6}, headers=headers())

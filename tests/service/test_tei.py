@@ -208,6 +208,9 @@ BAD: dict[str, tuple[dict[str, Any], int, str]] = {
     "budget out of range": ({"json": {"inputs": "a"}, "params": {"budget": "1.5"}}, 422, "Validation"),
     "header and query": ({"json": {"inputs": "a"}, "params": {"budget": "0.5"},
                           "headers": {**key(), "X-Budget": "0.5"}}, 422, "Validation"),
+    "misspelt budget": ({"json": {"inputs": "a"}, "params": {"budgte": "0.3"}}, 422, "Validation"),
+    "budget twice": ({"json": {"inputs": "a"}, "params": [("budget", "0.3"), ("budget", "0.5")]}, 422,
+                     "Validation"),
     "auto on a budgeted checkpoint": ({"json": {"inputs": "a"}, "headers": {**key(), "X-Budget": "auto"}}, 422,
                                       "Validation"),
 }

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 
 from headbudget.service.deps import MeteredCallerDep, RuntimeDep
-from headbudget.service.inference import BudgetParams, answer
+from headbudget.service.inference import CLASSIFY_QUERY, BudgetParams, answer, check_query
 from headbudget.service.routes import error_responses
 from headbudget.service.schemas import (
     BudgetParam,
@@ -32,5 +32,6 @@ async def classify_texts(
 ) -> ClassifyResponse:
     """Classify one text or up to 64, running only the heads, neurons and layers the budget buys."""
     # Served by service/fastpath.py unless the request is one it hands on (an error case) or it is off.
+    check_query(request.query_params.multi_items(), CLASSIFY_QUERY)
     return ClassifyResponse.model_validate(
         await answer(runtime, caller, body, BudgetParams(budget, max_latency_ms, max_budget), request))

@@ -247,10 +247,14 @@ def _scored(p: Prediction, labels: tuple[str, ...], how: str, top_k: int | None)
     return [{"label": label, "score": score} for score, label in ranked[:top_k]]
 
 
+_QUERY = ("budget", "max_budget")  # the predict routes' query parameters (TEI itself has none)
+
+
 async def _predict(body: PredictRequest, request: Request, runtime: Runtime, caller: Caller,
                    budget: float | str | None, x_budget: float | str | None,
                    max_budget: float | None = None, x_max_budget: float | None = None) -> JSONResponse:
     started = time.perf_counter()
+    inference.check_query(request.query_params.multi_items(), _QUERY)
     texts, batch = _texts(body)
     truncate = True if body.truncate is None else body.truncate  # TEI's auto_truncate default (1.9)
     params = body.parameters
