@@ -24,12 +24,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from headbudget.service.auth import rate_limited
 from headbudget.service.deps import identify_caller
-from headbudget.service.errors import ApiError, known_error_response
-from headbudget.service.inference import BudgetParams, answer
+from headbudget.service.errors import ApiError, InvalidRequest, known_error_response
+from headbudget.service.inference import BudgetParams, answer, check_query
 from headbudget.service.runtime import Runtime
 from headbudget.service.schemas import BudgetParam, BudgetValue, ClassifyRequest, LatencyLimit
 
-# BudgetParams' fields, each validated as the route declares it
+# BudgetParams' fields (CLASSIFY_QUERY), each validated as the route declares it
 _QUERY: dict[str, TypeAdapter[Any]] = {"budget": TypeAdapter(BudgetParam), "max_latency_ms": TypeAdapter(LatencyLimit),
                                        "max_budget": TypeAdapter(BudgetValue)}
 _JSON = b"application/json"
@@ -107,15 +107,14 @@ def _parse(scope: Scope, body: bytes) -> tuple[ClassifyRequest, BudgetParams] | 
     """The validated body and query parameters, or None for anything FastAPI should answer (errors)."""
     raw = scope.get("query_string", b"")
     pairs = parse_qsl(raw.decode("latin-1"), keep_blank_values=True) if raw else []
-    if len({k for k, _ in pairs}) != len(pairs) or any(k not in _QUERY for k, _ in pairs):
-        return None
     try:
+        check_query(pairs, _QUERY)  # the route answers the 422
         query = BudgetParams(**{k: _QUERY[k].validate_python(v) for k, v in pairs}) if pairs else _NO_PARAMS
         # pydantic-core parses and validates the bytes in one pass (no intermediate dicts; its parser caps
         # nesting, so a 50,000-deep body is a plain failure here, not a RecursionError). Whatever it refuses
         # goes to FastAPI, whose json.loads + validation then decide the exact error, as with the path off.
         return ClassifyRequest.model_validate_json(body), query
-    except (ValueError, ValidationError, RecursionError):
+    except (InvalidRequest, ValueError, ValidationError, RecursionError):
         return None
 
 

@@ -114,6 +114,12 @@ async def test_fast_path_takes_well_formed_requests_and_hands_on_the_rest(monkey
         assert r.status_code == 200 and routed == ["route", "route"]
 
 
+def test_fast_path_validates_the_query_parameters_the_route_takes() -> None:
+    from headbudget.service.inference import CLASSIFY_QUERY
+
+    assert tuple(fastpath._QUERY) == CLASSIFY_QUERY  # noqa: SLF001
+
+
 async def test_fast_path_keeps_the_body_limit() -> None:
     async with running_app(make_config(max_body_bytes=2048)) as (client, _, _):
         r = await client.post("/classify", content=json.dumps({"text": "x" * 4000}).encode(),
