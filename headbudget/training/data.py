@@ -57,7 +57,7 @@ def data_roots() -> list[Path]:
     if os.environ.get("HEADBUDGET_DATA"):
         roots.append(Path(os.environ["HEADBUDGET_DATA"]))
     roots.append(Path.cwd().parent / "shared" / "data")
-    roots.append(Path(__file__).resolve().parents[2] / "shared" / "data")
+    roots.append(Path(__file__).resolve().parents[3] / "shared" / "data")  # beside this checkout, from anywhere
     return roots
 
 

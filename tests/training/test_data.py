@@ -98,3 +98,14 @@ def test_synthetic_words_are_single_tokens() -> None:
     text = synthetic_dataset(n_train=10).train.texts[0]
     ids = TextEncoder(minilm_path(), 64).encode([text]).ids[0]
     assert len(ids) == len(text.split()) + 2  # [CLS] words [SEP]
+
+
+def test_named_data_are_found_beside_the_checkout_from_any_folder(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    import headbudget
+    from headbudget.training.data import data_roots
+
+    monkeypatch.delenv("HEADBUDGET_DATA", raising=False)
+    monkeypatch.chdir(tmp_path)
+    checkout = Path(headbudget.__file__).resolve().parents[1]
+    assert checkout.parent / "shared" / "data" in data_roots()
