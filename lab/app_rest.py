@@ -1,11 +1,12 @@
 """What the app costs around the engine without HTTP: `python -m lab.app_rest --model CKPT --data DIR --out F`.
 
 The service's ASGI app (`create_app`, the engine `headbudget serve` loads, one thread) is called in this process,
-without uvicorn: one request at a time, each one text of ``test.csv`` in file order at ``--budget`` with a key of
-``--tier`` (the shipped config's tiers are metered, as a user's are). Per request, over ``--requests`` requests and
-``--rounds`` rounds: the event loop thread's CPU, the engine thread's CPU beside the engine's own forward passes
-(``headbudget_engine_cpu_seconds_total``) and the whole process's. Set beside the serving rest a real server reports
-(`loadtest.concurrency`), the difference is what uvicorn and HTTP add.
+without uvicorn: one request at a time, each one text of ``test.csv`` in file order, at each of ``--budgets``, with
+a key of ``--tier`` (metered, as the shipped tiers are; its rate and quota lifted out of reach). Per request, over
+``--requests`` requests and ``--rounds`` rounds: the process's CPU, the engine's
+(``headbudget_engine_cpu_seconds_total``: the forward passes and tokenizing, wherever it ran), the event loop
+thread's (pricing tokenizes there), and the serving rest, the process's less the engine's. Set beside the serving
+rest a real server reports (`loadtest.concurrency`), the difference is what uvicorn and HTTP add.
 
 ``refusals``: the same for a 64 x 600-word body refused by a spent compute quota and by an unknown key (401), the
 cases of `loadtest.refusal_cost`, so that the price of reading and pricing such a body is seen without HTTP.
@@ -31,7 +32,8 @@ from headbudget.loadtest.refusal_cost import CASES
 from headbudget.loadtest.refusal_cost import config as refusal_config
 from headbudget.service.app import create_app, default_engine_factory
 from headbudget.service.auth import hash_key, new_key
-from headbudget.service.settings import ServeSettings, load_config, parse_config
+from headbudget.service.logs import configure_logging
+from headbudget.service.settings import ServeSettings, ServiceConfig, load_config, parse_config
 from lab.script_output import check_out, write_doc
 
 PROG = "python -m lab.app_rest"
@@ -68,10 +70,6 @@ def asgi_caller(app: Any) -> Call:
     return call
 
 
-def _thread_cpu_s(ident: int) -> float:
-    return time.clock_gettime(time.pthread_getcpuclockid(ident))
-
-
 def _engine_cpu_s(app: Any) -> float:
     counter = app.state.runtime.metrics.engine_cpu_seconds
     return sum(s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total"))
@@ -86,30 +84,37 @@ async def _measure(app: Any, cases: list[Case], requests: int, rounds: int, log:
     call = asgi_caller(app)
     rows = []
     async with app.router.lifespan_context(app):
-        engine_tid = app.state.runtime.batcher._thread.ident  # noqa: SLF001 - the engine's one thread, started
         if prepare is not None:
             await prepare(call)
         for name, key, query, bodies, expected in cases:
             for i in range(min(20, requests)):  # warm: sessions, caches, the latency model
                 await call(key, query, bodies[i % len(bodies)])
-            parts: dict[str, list[float]] = {"loop_ms": [], "engine_thread_rest_ms": [], "engine_ms": [],
-                                             "process_ms": []}
+            parts: dict[str, list[float]] = {"rest_ms": [], "loop_ms": [], "engine_ms": [], "process_ms": []}
             for _ in range(rounds):
-                e0, t0, p0, eng0 = _thread_cpu_s(engine_tid), time.thread_time(), time.process_time(), \
-                    _engine_cpu_s(app)
+                t0, p0, eng0 = time.thread_time(), time.process_time(), _engine_cpu_s(app)
                 for i in range(requests):
                     status = await call(key, query, bodies[i % len(bodies)])
                     if status != expected:
                         raise RuntimeError(f"{name}: status {status}, expected {expected}")
-                engine = _engine_cpu_s(app) - eng0
+                engine, process = _engine_cpu_s(app) - eng0, time.process_time() - p0
+                parts["rest_ms"].append((process - engine) * 1e3 / requests)
                 parts["loop_ms"].append((time.thread_time() - t0) * 1e3 / requests)
                 parts["engine_ms"].append(engine * 1e3 / requests)
-                parts["engine_thread_rest_ms"].append((_thread_cpu_s(engine_tid) - e0 - engine) * 1e3 / requests)
-                parts["process_ms"].append((time.process_time() - p0) * 1e3 / requests)
+                parts["process_ms"].append(process * 1e3 / requests)
             row = {"case": name, "status": expected, **{k: round(statistics.median(v), 3) for k, v in parts.items()}}
             rows.append(row)
             log(" ".join(f"{k}={v}" for k, v in row.items()))
     return rows
+
+
+def lifted(config: ServiceConfig, tier: str) -> ServiceConfig:
+    """``config`` with ``tier``'s request rate and compute quota out of reach, so that no request of the run is
+    refused: a metered tier stays metered (priced and charged), as the shipped ones are."""
+    doc = config.model_dump(mode="json")
+    doc["tiers"][tier].update(rate_limit=1e9, burst=1_000_000)
+    if doc["tiers"][tier].get("compute_per_minute") is not None:
+        doc["tiers"][tier].update(compute_per_minute=1e8, compute_burst=1e8)
+    return parse_config(doc)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,11 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, help="a folder with test.csv (text, label); needed for `answered`")
     ap.add_argument("--config", type=Path, default=Path("service.toml"), help="tiers for `answered`")
     ap.add_argument("--tier", default="balanced")
-    ap.add_argument("--budget", type=float, default=0.25)
+    ap.add_argument("--budgets", type=float, nargs="+", default=[1.0, 0.25])
     ap.add_argument("--mode", choices=["answered", "refusals"], default="answered")
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--precision", default="int8", choices=["fp32", "int8"])
+    ap.add_argument("--access-log", type=Path, help="write the access records there, as `serve --access-log` does")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     try:
@@ -136,16 +142,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     settings = ServeSettings(model_dir=args.model, config_path=args.config, precision=args.precision)
+    configure_logging("WARNING")  # the app's own lines off the measurement's output
+    if args.access_log is not None:
+        configure_logging("INFO", args.access_log)
     prepare: Callable[[Call], Awaitable[None]] | None = None
     if args.mode == "answered":
         assert config is not None and args.data is not None
         with open(args.data / "test.csv", encoding="utf-8", newline="") as f:
             texts = [r["text"] for r in csv.DictReader(f) if r["text"].strip()][:args.requests]
         key = new_key()
+        config = lifted(config, args.tier)
         app = create_app(config, default_engine_factory(settings, config.default_budgets()),
                          extra_key_hashes={hash_key(key): args.tier})
-        cases: list[Case] = [("answered", key, f"budget={args.budget:g}".encode(),
-                              [json.dumps({"text": t}).encode() for t in texts], 200)]
+        bodies = [json.dumps({"text": t}).encode() for t in texts]
+        cases: list[Case] = [(f"answered b={b:g}", key, f"budget={b:g}".encode(), bodies, 200) for b in args.budgets]
     else:
         keys = {case: new_key() for case in CASES}
         config = parse_config(tomllib.loads(refusal_config(keys)))
@@ -164,8 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = asyncio.run(_measure(app, cases, args.requests, args.rounds, lambda line: print(line, flush=True),
                                 prepare))
     write_doc({"cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"), "commit": code_commit(),
-               "precision": args.precision, "mode": args.mode, "budget": args.budget if args.mode == "answered"
-               else None, "requests": args.requests, "rounds": args.rounds, "rows": rows}, args.out, "app_rest", argv)
+               "precision": args.precision, "mode": args.mode, "access_log": args.access_log is not None, "requests": args.requests, "rounds": args.rounds, "rows": rows}, args.out, "app_rest", argv)
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -31,20 +32,42 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+class _AccessFile:
+    """Access records straight to their file, each one ``os.write`` of a whole line on an O_APPEND descriptor (the
+    lines of several workers never interleave), as ``JsonFormatter`` writes them: logging's record, handler lock,
+    formatter and stream for every request cost several times the line itself in a server whose forward passes
+    keep evicting the caches (docs/decisions.md, 2026-11-29)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(self, level: str, fields: dict[str, Any]) -> None:
+        now = time.time()
+        record = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z",
+                  "level": level, "logger": ACCESS.name, "msg": "request", **fields}
+        os.write(self.fd, (json.dumps(record, default=str) + "\n").encode())
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+_access_file: _AccessFile | None = None
+
+
 def configure_logging(level: str = "INFO", access_log: Path | None = None) -> None:
     """Send our logs and uvicorn's to stderr as JSON lines (uvicorn's own access log is replaced by ours); access
     records to ``access_log`` instead when given (appended: every worker writes whole lines)."""
+    global _access_file
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
     ACCESS.handlers[:], ACCESS.propagate = [], access_log is None
-    if access_log is not None:
-        access_log.parent.mkdir(parents=True, exist_ok=True)
-        to_file = logging.FileHandler(access_log, encoding="utf-8")
-        to_file.setFormatter(JsonFormatter())
-        ACCESS.addHandler(to_file)
+    if _access_file is not None:
+        _access_file.close()
+    _access_file = _AccessFile(access_log) if access_log is not None else None
     for name in ("uvicorn", "uvicorn.error"):
         lg = logging.getLogger(name)
         lg.handlers[:] = []
@@ -59,4 +82,8 @@ def access_logged(quiet: bool = False) -> bool:
 
 def log_access(fields: dict[str, Any], quiet: bool = False) -> None:
     """One access record (debug level for probes and scrapes)."""
-    ACCESS.log(logging.DEBUG if quiet else logging.INFO, "request", extra=fields)
+    level = logging.DEBUG if quiet else logging.INFO
+    if _access_file is None:
+        ACCESS.log(level, "request", extra=fields)
+    elif ACCESS.isEnabledFor(level):
+        _access_file.write("debug" if quiet else "info", fields)

@@ -27,14 +27,15 @@ def test_answered_requests_cost_the_loop_and_the_engine(tiny_model_scope_checkpo
     data, config = _folder(tmp_path)
     out = tmp_path / "rest.json"
     assert main(["--model", str(tiny_model_scope_checkpoint), "--data", str(data), "--config", str(config),
-                 "--tier", "cheap", "--budget", "0.5", "--requests", "8", "--rounds", "2", "--precision", "fp32",
+                 "--tier", "cheap", "--budgets", "0.5", "1", "--requests", "8", "--rounds", "2", "--precision", "fp32",
                  "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["command"].startswith("python -m lab.app_rest") and doc["mode"] == "answered"
-    (row,) = doc["rows"]
-    assert row["case"] == "answered" and row["status"] == 200
-    assert row["engine_ms"] > 0 and row["loop_ms"] > 0
-    assert row["process_ms"] >= row["loop_ms"]
+    assert [r["case"] for r in doc["rows"]] == ["answered b=0.5", "answered b=1"]
+    for row in doc["rows"]:
+        assert row["status"] == 200 and row["engine_ms"] > 0 and row["loop_ms"] > 0
+        assert row["process_ms"] >= row["loop_ms"] and row["rest_ms"] == pytest.approx(
+            row["process_ms"] - row["engine_ms"], abs=0.002)
 
 
 def test_refusals_are_refused_as_named(tiny_model_scope_checkpoint: Path, tmp_path: Path) -> None:

@@ -33,3 +33,31 @@ def test_the_log_level_decides_whether_requests_are_logged(
     assert bool(mine) is logged, log[-2000:]
     if not logged:
         assert not [ln for ln in log.splitlines() if '"level": "info"' in ln], log[-2000:]
+
+
+def test_access_records_go_to_their_file_as_the_json_formatter_writes_them(tmp_path: Path) -> None:
+    import logging
+
+    from headbudget.service import logs
+
+    fields = {"request_id": "r1", "status": 200, "latency_ms": 1.5, "degraded": False, "tier": "cheap"}
+    path = tmp_path / "logs" / "access.log"
+    try:
+        logs.configure_logging("INFO", path)
+        logs.log_access(fields)
+        logs.log_access({**fields, "request_id": "probe"}, quiet=True)  # probes and scrapes only at debug
+        logs.configure_logging("DEBUG", path)  # reconfigured (a reload): the same file, appended
+        logs.log_access({**fields, "request_id": "probe"}, quiet=True)
+    finally:
+        logs.configure_logging("WARNING")
+    lines = path.read_text().splitlines()
+    written = [json.loads(ln) for ln in lines]
+    assert [r["request_id"] for r in written] == ["r1", "probe"] and [r["level"] for r in written] == ["info", "debug"]
+    record = logging.LogRecord(logs.ACCESS.name, logging.INFO, "", 0, "request", (), None)
+    record.__dict__.update(fields)
+    formatted = json.loads(logs.JsonFormatter().format(record))
+    assert written[0].keys() == formatted.keys()
+    assert {k: v for k, v in written[0].items() if k != "ts"} == {k: v for k, v in formatted.items() if k != "ts"}
+    assert len(written[0]["ts"]) == len(formatted["ts"]) and written[0]["ts"].endswith("Z")
+    logs.log_access({**fields, "request_id": "after"})  # no file configured any more: nothing is appended
+    assert path.read_text().splitlines() == lines
