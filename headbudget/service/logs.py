@@ -40,13 +40,22 @@ class _AccessFile:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.failing = False
 
     def write(self, level: str, fields: dict[str, Any]) -> None:
         now = time.time()
         record = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z",
                   "level": level, "logger": ACCESS.name, "msg": "request", **fields}
-        os.write(self.fd, (json.dumps(record, default=str) + "\n").encode())
+        try:
+            os.write(self.fd, (json.dumps(record, default=str) + "\n").encode())
+        except OSError as e:  # a full disk must not fail the request it records (logging's handlers swallow too)
+            if not self.failing:
+                logging.getLogger(__name__).error("cannot write the access log %s: %s", self.path, e)
+            self.failing = True
+        else:
+            self.failing = False
 
     def close(self) -> None:
         os.close(self.fd)

@@ -61,3 +61,22 @@ def test_access_records_go_to_their_file_as_the_json_formatter_writes_them(tmp_p
     assert len(written[0]["ts"]) == len(formatted["ts"]) and written[0]["ts"].endswith("Z")
     logs.log_access({**fields, "request_id": "after"})  # no file configured any more: nothing is appended
     assert path.read_text().splitlines() == lines
+
+
+def test_an_access_log_that_cannot_be_written_fails_no_request(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    from headbudget.service import logs
+
+    try:
+        logs.configure_logging("INFO", tmp_path / "access.log")
+        assert logs._access_file is not None  # noqa: SLF001
+        os.close(logs._access_file.fd)  # noqa: SLF001 - as a full disk would, every write now fails
+        logs._access_file.fd = os.open(os.devnull, os.O_RDONLY)  # noqa: SLF001
+        logs.log_access({"request_id": "a"})  # no exception reaches the request
+        logs.log_access({"request_id": "b"})
+    finally:
+        logs.configure_logging("WARNING")
+    errors = [json.loads(ln) for ln in capsys.readouterr().err.splitlines() if ln.startswith("{")]
+    assert [e["msg"].startswith("cannot write the access log") for e in errors] == [True]  # said once, not per request
