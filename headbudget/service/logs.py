@@ -14,12 +14,17 @@ ACCESS = logging.getLogger("headbudget.access")
 _RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 
 
+def _timestamp(seconds: float) -> str:
+    """UTC, to the millisecond: 2026-01-31T12:00:00.123Z."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{int(seconds * 1000) % 1000:03d}Z"
+
+
 class JsonFormatter(logging.Formatter):
     """Formats a record as one JSON object; fields passed in ``extra`` become keys."""
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "ts": _timestamp(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -45,9 +50,7 @@ class _AccessFile:
         self.failing = False
 
     def write(self, level: str, fields: dict[str, Any]) -> None:
-        now = time.time()
-        record = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z",
-                  "level": level, "logger": ACCESS.name, "msg": "request", **fields}
+        record = {"ts": _timestamp(time.time()), "level": level, "logger": ACCESS.name, "msg": "request", **fields}
         try:
             os.write(self.fd, (json.dumps(record, default=str) + "\n").encode())
         except OSError as e:  # a full disk must not fail the request it records (logging's handlers swallow too)
