@@ -142,9 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     settings = ServeSettings(model_dir=args.model, config_path=args.config, precision=args.precision)
-    configure_logging("WARNING")  # the app's own lines off the measurement's output
-    if args.access_log is not None:
-        configure_logging("INFO", args.access_log)
+    # access records need info; without them, warning keeps the app's own lines off the measurement's output
+    configure_logging("INFO" if args.access_log is not None else "WARNING", args.access_log)
     prepare: Callable[[Call], Awaitable[None]] | None = None
     if args.mode == "answered":
         assert config is not None and args.data is not None
@@ -174,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = asyncio.run(_measure(app, cases, args.requests, args.rounds, lambda line: print(line, flush=True),
                                 prepare))
     write_doc({"cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"), "commit": code_commit(),
-               "precision": args.precision, "mode": args.mode, "access_log": args.access_log is not None, "requests": args.requests, "rounds": args.rounds, "rows": rows}, args.out, "app_rest", argv)
+               "precision": args.precision, "mode": args.mode, "access_log": args.access_log is not None,
+               "requests": args.requests, "rounds": args.rounds, "rows": rows}, args.out, "app_rest", argv)
     return 0
 
 
