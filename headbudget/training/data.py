@@ -58,7 +58,7 @@ def data_roots() -> list[Path]:
         roots.append(Path(os.environ["HEADBUDGET_DATA"]))
     roots.append(Path.cwd().parent / "shared" / "data")
     roots.append(Path(__file__).resolve().parents[3] / "shared" / "data")  # beside this checkout, from anywhere
-    return roots
+    return list(dict.fromkeys(roots))  # run from the checkout, the last two are one folder
 
 
 def _find_file(folder: Path, stem: str) -> Path | None:
