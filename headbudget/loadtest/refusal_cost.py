@@ -3,17 +3,28 @@
 A real `headbudget serve` (one worker) with one key per way of refusing, each sent the same body again and again:
 64 texts of 600 words (cut at 512 tokens), the largest `/classify` admits. Cases: ``rate`` (the key's request rate
 is spent by a short first request), ``quota`` (its compute quota is spent by one admitted request of the body),
-``cap`` (the body is over the tier's ``max_request_compute``), ``unknown_key`` (401). Server CPU per refused request
-comes from the server's process tree (its processes' CPU clocks), around ``--requests`` sequential requests per
-case. The file holds ``[{"case", "body", "status", "cpu_ms"}]`` with the machine, date and commit.
+``cap`` (the body is over the tier's ``max_request_compute``), ``unknown_key`` (401).
+
+As a flood comes: the body is encoded once and sent as bytes, by C keep-alive connections each sending its next
+request as soon as its answer comes (at each of ``--conc``), after ``--warmup`` requests a case. Server and client
+are pinned to different cores where there are two (``--no-pin``: not), as `loadtest.concurrency` measures; cases
+and concurrencies alternate within each of ``--rounds``. Server CPU per refused request comes from the server's
+process tree (its processes' CPU clocks) around ``--requests`` requests. The file holds ``[{"case", "conc",
+"round", "body", "status", "cpu_ms", "per_s"}]`` (``per_s``: refusals a second as the client saw them) with the
+machine, date and commit.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +37,14 @@ from headbudget.service.auth import hash_key, new_key
 
 PROG = "refusal_cost"
 BODY = "64 texts x 600 words (512 tokens each after the cut)"
-# Tier settings per case, all metered as every shipped tier is; the body costs about 38,000 units at budget 1
+# Tier settings per case, all metered as every shipped tier is; the body costs about 38,000 units at budget 1. The
+# rate key gets one request in a thousand hours: none of its flood is ever admitted (and run).
 CASES: dict[str, dict[str, Any]] = {
-    "rate": {"rate_limit": 1, "burst": 1, "compute_per_minute": 100000},
+    "rate": {"rate_limit": 1e-3, "burst": 1, "compute_per_minute": 100000},
     "quota": {"rate_limit": 600000, "burst": 100000, "compute_per_minute": 0.001, "compute_burst": 50000},
     "cap": {"rate_limit": 600000, "burst": 100000, "compute_per_minute": 100000, "max_request_compute": 100},
 }
+SERVER_CPU, CLIENT_CPU = 1, 0
 
 
 def config(keys: dict[str, str]) -> str:
@@ -41,26 +54,88 @@ def config(keys: dict[str, str]) -> str:
                     "keys": [{"sha256": hash_key(k), "tier": case, "name": case} for case, k in keys.items()]})
 
 
-def measure(model: Path, precision: str, requests: int) -> list[dict[str, Any]]:
+def flood(port: int, key: str, body: bytes, conc: int, requests: int) -> dict[int, int]:
+    """Status codes of ``requests`` requests of ``body`` sent over ``conc`` keep-alive connections in a closed loop.
+
+    Plain sockets and one prepared request: the client's own work between requests stays in microseconds, so the
+    server is not left idle (and cold) between them as an HTTP library's milliseconds a request would leave it."""
+    request = (f"POST /classify HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nX-API-Key: {key}\r\n"
+               f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+    codes: dict[int, int] = {}
+    left = [requests]
+    lock = threading.Lock()
+
+    def user() -> None:
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            reader = sock.makefile("rb")
+            while True:
+                with lock:
+                    if left[0] <= 0:
+                        return
+                    left[0] -= 1
+                sock.sendall(request)
+                status = int(reader.readline().split(b" ", 2)[1])
+                length = 0
+                while (line := reader.readline()) not in (b"\r\n", b""):
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                reader.read(length)
+                with lock:
+                    codes[status] = codes.get(status, 0) + 1
+
+    threads = [threading.Thread(target=user) for _ in range(conc)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return codes
+
+
+@contextmanager
+def pinned(cpu: int | None) -> Iterator[None]:
+    """This process on ``cpu`` for the block (None: as it is)."""
+    if cpu is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def measure(model: Path, precision: str, requests: int, concs: list[int], rounds: int, warmup: int,
+            pin: bool) -> list[dict[str, Any]]:
     keys = {case: new_key() for case in CASES}
-    body = {"texts": long_texts(64, 600)}
+    body = json.dumps({"texts": long_texts(64, 600)}).encode()
     rows = []
-    with Server(model, 1, config_text=config(keys), precision=precision) as srv, \
-            httpx.Client(base_url=srv.url, timeout=600) as client:
-        # Spend what each case refuses on: the rate key's one request, the quota key's compute
-        assert client.post("/classify", json={"text": "a short text"}, headers={"X-API-Key": keys["rate"]}).is_success
-        for _ in range(100):  # the body until the quota refuses it (one on MiniLM: about 38,000 of 50,000 units)
-            if client.post("/classify", json=body, headers={"X-API-Key": keys["quota"]}).status_code == 429:
-                break
-        for case, key in [*keys.items(), ("unknown_key", new_key())]:
-            codes: dict[int, int] = {}
-            before = tree_cpu_s(srv.proc.pid)
-            for _ in range(requests):
-                r = client.post("/classify", json=body, headers={"X-API-Key": key})
-                codes[r.status_code] = codes.get(r.status_code, 0) + 1
-            cpu_ms = (tree_cpu_s(srv.proc.pid) - before) * 1e3 / requests
-            rows.append({"case": case, "body": BODY, "status": codes, "cpu_ms": round(cpu_ms, 3)})
-            print(json.dumps(rows[-1]), flush=True)
+    with Server(model, 1, config_text=config(keys), precision=precision,
+                cpus=str(SERVER_CPU) if pin else None) as srv, pinned(CLIENT_CPU if pin else None):
+        with httpx.Client(base_url=srv.url, timeout=600) as client:
+            # Spend what each case refuses on: the rate key's one request, the quota key's compute
+            assert client.post("/classify", json={"text": "a short text"},
+                               headers={"X-API-Key": keys["rate"]}).is_success
+            for _ in range(100):  # the body until the quota refuses it (one on MiniLM: about 38,000 of 50,000 units)
+                r = client.post("/classify", content=body,
+                                headers={"X-API-Key": keys["quota"], "Content-Type": "application/json"})
+                if r.status_code == 429:
+                    break
+        keys["unknown_key"] = new_key()
+        for key in keys.values():  # first-time costs (imports, caches) are not a refusal's
+            flood(srv.port, key, body, 1, warmup)
+        for rnd in range(1, rounds + 1):
+            for conc in concs:
+                for case, key in keys.items():
+                    before, t0 = tree_cpu_s(srv.proc.pid), time.monotonic()
+                    codes = flood(srv.port, key, body, conc, requests)
+                    wall, cpu_s = time.monotonic() - t0, tree_cpu_s(srv.proc.pid) - before
+                    rows.append({"case": case, "conc": conc, "round": rnd, "body": BODY,
+                                 "status": {str(k): v for k, v in sorted(codes.items())},
+                                 "cpu_ms": round(cpu_s * 1e3 / requests, 3), "per_s": round(requests / wall, 1)})
+                    print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
@@ -68,24 +143,37 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--model", type=Path, required=True)
     p.add_argument("--precision", default="int8", choices=["fp32", "int8"])
-    p.add_argument("--requests", type=int, default=30)
+    p.add_argument("--requests", type=int, default=100, help="requests a case, concurrency and round")
+    p.add_argument("--conc", default="1,4", help="connections, comma-separated (default 1,4)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=10, help="requests a case before the rounds")
+    p.add_argument("--no-pin", action="store_true", help="leave server and client where the system puts them")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     problem = None
+    try:
+        concs = [int(c) for c in args.conc.split(",")]
+    except ValueError:
+        concs = []
     if not (args.model / "config.json").is_file():
         problem = f"no checkpoint in {args.model}"
     elif not args.out.parent.is_dir():
         problem = f"--out: folder {args.out.parent} does not exist"
-    elif args.requests < 1:
-        problem = "--requests must be positive"
+    elif args.requests < 1 or args.rounds < 1 or args.warmup < 0:
+        problem = "--requests and --rounds must be positive, --warmup at least 0"
+    elif not concs or min(concs) < 1:
+        problem = f"--conc: positive integers separated by commas, got {args.conc!r}"
     if problem:
         print(f"{PROG}: error: {problem}", file=sys.stderr)
         return 2
-    rows = measure(args.model, args.precision, args.requests)
-    args.out.write_text(json.dumps({"cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"), "commit": code_commit(),
-                                    "precision": args.precision, "workers": 1, "requests": args.requests,
-                                    "rows": rows, "command": f"python -m headbudget.loadtest.{PROG} " + " ".join(
-                                        sys.argv[1:] if argv is None else argv)}, indent=1) + "\n")
+    pin = not args.no_pin and len(os.sched_getaffinity(0)) >= 2 and {SERVER_CPU, CLIENT_CPU} <= os.sched_getaffinity(0)
+    rows = measure(args.model, args.precision, args.requests, concs, args.rounds, args.warmup, pin)
+    args.out.write_text(json.dumps({
+        "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"), "commit": code_commit(), "precision": args.precision,
+        "workers": 1, "requests": args.requests, "warmup": args.warmup,
+        "pinned": {"server_cpu": SERVER_CPU, "client_cpu": CLIENT_CPU} if pin else None, "rows": rows,
+        "command": f"python -m headbudget.loadtest.{PROG} " + " ".join(sys.argv[1:] if argv is None else argv)},
+        indent=1) + "\n")
     return 0
 
 
