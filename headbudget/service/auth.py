@@ -73,14 +73,14 @@ def identify(config: ServiceConfig, extra_hashes: dict[str, str], key: str | Non
     digest = hash_key(key)
     if digest in revoked:
         raise Unauthorized("this API key has been revoked")
-    for entry in config.keys:
-        if secrets.compare_digest(entry.sha256, digest):
-            state = entry.state(time.time() if now is None else now)
-            if state == "revoked":
-                raise Unauthorized("this API key has been revoked")
-            if state == "expired":
-                raise Unauthorized(f"this API key expired at {utc_text(entry.expires)}")
-            return Caller(config.tier(entry.tier), digest[:16], entry.name or digest[:8])
+    entry = config.key(digest)
+    if entry is not None:
+        state = entry.state(time.time() if now is None else now)
+        if state == "revoked":
+            raise Unauthorized("this API key has been revoked")
+        if state == "expired":
+            raise Unauthorized(f"this API key expired at {utc_text(entry.expires)}")
+        return Caller(config.tier(entry.tier), digest[:16], entry.name or digest[:8])
     tier = extra_hashes.get(digest)
     if tier is not None and tier in config.tiers:
         return Caller(config.tier(tier), digest[:16], "dev")

@@ -22,7 +22,7 @@ from pydantic_core import to_json
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from headbudget.service.auth import rate_limited
+from headbudget.service.auth import Caller, rate_limited
 from headbudget.service.deps import identify_caller
 from headbudget.service.errors import ApiError, InvalidRequest, known_error_response
 from headbudget.service.inference import BudgetParams, answer, check_query
@@ -48,8 +48,11 @@ class ClassifyFastPath:
                 or not self.runtime.config.server.fast_path or not _is_json(scope)):
             await self.app(scope, receive, send)
             return
-        if self.runtime.rate_memo and await self._refused_unread(scope, receive, send):
-            return
+        caller = None  # known from the headers where the rate memo asked for it
+        if self.runtime.rate_memo:
+            answered, caller = await self._refused_unread(scope, receive, send)
+            if answered:
+                return
         messages: list[Message] = []
         while True:
             message = await receive()  # the caller's receive enforces the body limit (413)
@@ -64,7 +67,8 @@ class ClassifyFastPath:
         request_body, query = parsed
         request = Request(scope, receive)
         try:
-            caller = identify_caller(request, self.runtime)  # limits: in answer, once the request is priced
+            if caller is None:
+                caller = identify_caller(request, self.runtime)  # limits: in answer, once the request is priced
             result = await answer(self.runtime, caller, request_body, query, request)
         except Exception as exc:
             response = known_error_response(request, exc)
@@ -77,22 +81,22 @@ class ClassifyFastPath:
                     "headers": [(b"content-type", _JSON), (b"content-length", str(len(content)).encode())]})
         await send({"type": "http.response.body", "body": content})
 
-    async def _refused_unread(self, scope: Scope, receive: Receive, send: Send) -> bool:
+    async def _refused_unread(self, scope: Scope, receive: Receive, send: Send) -> tuple[bool, Caller | None]:
         """Answer 429 from the headers alone when the caller's key is still refused by its request rate
-        (``RateMemo``): the body is neither read nor parsed nor priced. False: go on as usual (an unknown key
-        is answered as before, after its body)."""
+        (``RateMemo``): the body is neither read nor parsed nor priced. (Whether it answered, the caller to go on
+        with: None for an unknown key, answered as before, after its body.)"""
         request = Request(scope, receive)
         try:
             caller = identify_caller(request, self.runtime)
         except ApiError:
-            return False
+            return False, None
         left = self.runtime.rate_memo.refused_for(caller.owner)
         if left is None:
-            return False
+            return False, caller
         response = known_error_response(request, rate_limited(caller.tier, left))
         assert response is not None
         await response(scope, receive, send)
-        return True
+        return True, caller
 
 
 def _is_json(scope: Scope) -> bool:

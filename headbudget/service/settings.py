@@ -25,6 +25,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     StrictBool,
     ValidationError,
     model_validator,
@@ -236,6 +237,9 @@ class ServiceConfig(_Strict):
     development: DevelopmentConfig = DevelopmentConfig()
     tiers: dict[str, TierConfig]
     keys: list[KeyConfig] = []
+    # The keys by their hash, made once: a request finds its key in one lookup, whatever the number of keys. The
+    # hash is of what the client sent, so the lookup's timing says nothing about a key it does not know.
+    _by_hash: dict[str, KeyConfig] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _check(self) -> ServiceConfig:
@@ -256,7 +260,12 @@ class ServiceConfig(_Strict):
                             ("curl_tier", self.development.curl_tier)):
             if tier is not None and tier not in known:
                 raise ValueError(f"development.{label} = {tier!r} is not a defined tier")
+        self._by_hash = {key.sha256: key for key in self.keys}
         return self
+
+    def key(self, sha256: str) -> KeyConfig | None:
+        """The configured key with this hash, if any."""
+        return self._by_hash.get(sha256)
 
     def tier(self, name: str) -> TierConfig:
         """The tier called ``name``."""

@@ -95,6 +95,19 @@ def test_identify_refuses_revoked_and_expired_keys() -> None:
     assert [k.state(moment) for k in (expiring.keys[-1], revoked.keys[-1])] == ["expired", "revoked"]
 
 
+def test_every_one_of_many_keys_is_found_as_itself() -> None:
+    keys = [f"hb_test_many_{i:05d}_{'0' * 20}" for i in range(2000)]
+    doc = config_dict()
+    doc["keys"] = [{"sha256": hash_key(k), "tier": ("cheap", "quality")[i % 2], "name": f"k{i}"}
+                   for i, k in enumerate(keys)]
+    config = parse_config(doc)
+    for i in (0, 1, 999, 1999):
+        caller = identify(config, {}, keys[i], "c")
+        assert (caller.name, caller.tier.name) == (f"k{i}", ("cheap", "quality")[i % 2])
+    with pytest.raises(Unauthorized, match="unknown API key"):
+        identify(config, {}, keys[0] + "x", "c")
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("fast_path", [True, False])
 async def test_revoked_and_expired_keys_get_401_on_both_request_paths(fast_path: bool) -> None:
