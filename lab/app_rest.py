@@ -14,7 +14,6 @@ cases of `loadtest.refusal_cost`, so that the price of reading and pricing such 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import csv
 import json
@@ -26,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from headbudget.cli import OneLineParser
 from headbudget.experiments.bench import code_commit, cpu_name
 from headbudget.loadtest.fairness import long_texts
 from headbudget.loadtest.refusal_cost import CASES
@@ -118,7 +118,7 @@ def lifted(config: ServiceConfig, tier: str) -> ServiceConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    ap = OneLineParser(prog=PROG, description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, required=True)
     ap.add_argument("--data", type=Path, help="a folder with test.csv (text, label); needed for `answered`")
     ap.add_argument("--config", type=Path, default=Path("service.toml"), help="tiers for `answered`")

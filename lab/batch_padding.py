@@ -12,7 +12,6 @@ own clock). ``padded_over_own`` is the tokens a mode runs over the texts' own to
 
 from __future__ import annotations
 
-import argparse
 import csv
 import statistics
 import sys
@@ -21,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from headbudget.cli import OneLineParser
 from headbudget.engine import passes
 from headbudget.engine.base import EngineBase, pad
 from headbudget.engine.factory import load_engine
@@ -91,7 +91,7 @@ def measure(model: Path, texts: list[str], budgets: list[float], sizes: list[int
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    ap = OneLineParser(prog=PROG, description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, required=True)
     ap.add_argument("--data", type=Path, required=True, help="a folder with test.csv (text, label)")
     ap.add_argument("--out", type=Path, required=True)

@@ -17,7 +17,6 @@ compare's own rule (headbudget/experiments/latency_placement.py).
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -27,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from headbudget.cli import OneLineParser
 from headbudget.experiments import baselines
 from headbudget.experiments.compare.measure import EngineFactory, engine_factory, measure_latency
 from headbudget.experiments.latency_placement import placement
@@ -115,7 +115,7 @@ def retime(model_dir: Path, compare: dict[str, Any], work: Path, factory: Engine
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lab.compare_retime", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m lab.compare_retime", description=__doc__.split("\n")[0])
     p.add_argument("--model", type=Path, required=True, help="budgeted checkpoint with a sweep.json")
     p.add_argument("--compare", type=Path, required=True, help="compare.json of a --scope model run")
     p.add_argument("--out", type=Path, required=True, help="JSON file to write")

@@ -18,7 +18,6 @@ result says what an exit gets *without* retraining the shared weights; training 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -28,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from headbudget.cli import OneLineParser
 from headbudget.engine.factory import load_engine
 from headbudget.engine.types import EngineOptions
 from headbudget.experiments.latency_placement import at_latency
@@ -213,7 +213,7 @@ def measure(model_dir: Path, data: str, widths: list[float], budgets: list[float
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lab.exits", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m lab.exits", description=__doc__.split("\n")[0])
     p.add_argument("--model", type=Path, required=True, help="whole-model (--scope model) budgeted checkpoint")
     p.add_argument("--data", required=True, help="the dataset it was trained on (folder or name)")
     p.add_argument("--out", type=Path, required=True, help="JSON file to write")

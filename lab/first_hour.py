@@ -11,7 +11,6 @@ and counts, `make run`'s time to the first answer and its phases (each phase end
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -25,6 +24,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from headbudget.cli import OneLineParser
 
 ROOT = Path(__file__).resolve().parents[1]
 ISA = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "amx_bf16")
@@ -116,7 +117,7 @@ def _after(lines: list[str], curl: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lab.first_hour", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m lab.first_hour", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="where to write first-hour.json")
     p.add_argument("--clone", type=Path, default=ROOT.parent / "first-hour",
                    help="the fresh clone (removed first; its parent must hold shared/)")

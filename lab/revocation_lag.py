@@ -16,7 +16,6 @@ in the store is final.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import signal
@@ -28,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from headbudget.cli import OneLineParser
 from headbudget.experiments.bench import code_commit, cpu_name
 from headbudget.loadtest.fairness import local_redis, to_toml
 from headbudget.loadtest.service_bench import Server
@@ -136,7 +136,7 @@ def one_round(srv: Server, cfg: Path, key: str, after_s: float) -> dict[str, Any
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lab.revocation_lag", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m lab.revocation_lag", description=__doc__.split("\n")[0])
     p.add_argument("--model", type=Path, required=True)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--after-s", type=float, default=2.0, help="how long the clients go on after the signal")

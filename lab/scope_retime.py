@@ -17,11 +17,11 @@ placement aggregates over them.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Any
 
+from headbudget.cli import OneLineParser
 from headbudget.experiments.compare.measure import engine_factory, measure_latency
 from headbudget.experiments.latency_placement import placement
 from headbudget.models.config import parse_exits
@@ -89,7 +89,7 @@ def retime(pairs: list[tuple[str, Path, Path]], exits: tuple[int, ...] | None, b
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lab.scope_retime", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m lab.scope_retime", description=__doc__.split("\n")[0])
     p.add_argument("--pair", nargs=3, action="append", required=True, metavar=("SEED", "MODEL_SWEEP", "ATTENTION_SWEEP"),
                    help="one seed's whole-model sweep.json and attention-scope sweep.json (repeat per seed)")
     p.add_argument("--out", type=Path, required=True, help="JSON file to write")

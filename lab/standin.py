@@ -19,7 +19,6 @@ process: the way to check that a stand-in runs at its checkpoint's speed.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -29,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from headbudget.cli import OneLineParser
 from headbudget.experiments.compare.measure import engine_factory, measure_latency
 from headbudget.models.checkpoint import save_checkpoint
 from headbudget.models.checkpoint_meta import STANDIN, CheckpointError, read_config, standin_of
@@ -159,7 +159,7 @@ def time_against(checkpoint: Path, folder: Path, dataset: str, texts: int, repea
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lab.standin", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m lab.standin", description=__doc__.split("\n")[0])
     p.add_argument("--sweep", type=Path, required=True, help="the checkpoint's sweep.json")
     p.add_argument("--out", type=Path, required=True, help="checkpoint folder to write (replaced if present)")
     p.add_argument("--base", default="minilm", help="the base it was trained from: minilm, tiny or a folder")

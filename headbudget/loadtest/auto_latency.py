@@ -11,7 +11,6 @@ The fixed budgets' mean latency is interpolated in mean cost to auto's: "a fixed
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import random
@@ -21,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from headbudget.cli import OneLineParser
 from headbudget.loadtest.service_bench import CONFIG, Server, bench_texts, pct, post_classify
 from headbudget.models.budget import BUDGET_GRID
 
@@ -105,7 +105,7 @@ def measure(model: Path, texts: list[str], rounds: int, precision: str) -> dict[
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m headbudget.loadtest.auto_latency", description=__doc__)
+    p = OneLineParser(prog="python -m headbudget.loadtest.auto_latency", description=__doc__)
     p.add_argument("--model", type=Path, required=True)
     p.add_argument("--data", type=Path, default=Path("../shared/data/ag_news"))
     p.add_argument("--requests", type=int, default=200, help="test texts (each sent once per round and budget)")

@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 import psutil
 
+from headbudget.cli import OneLineParser
 from headbudget.experiments.bench import cpu_name
 from headbudget.loadtest.service_bench import (
     CONFIG,
@@ -225,7 +226,7 @@ def _merge_into(out: Path, res: dict[str, Any]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m headbudget.loadtest.capacity", description=__doc__)
+    p = OneLineParser(prog="python -m headbudget.loadtest.capacity", description=__doc__)
     p.add_argument("--model", type=Path, required=True)
     p.add_argument("--data", type=Path, default=Path("../shared/data/ag_news"))
     p.add_argument("--workers", type=int, default=2)

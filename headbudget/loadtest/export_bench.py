@@ -9,7 +9,6 @@ feeds cached) and a plain ``onnxruntime.InferenceSession`` on the exported file 
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import statistics
@@ -21,6 +20,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from headbudget.cli import OneLineParser
 from headbudget.engine.base import pad
 from headbudget.engine.factory import load_engine
 from headbudget.engine.onnx.export import MODEL_FILE, export_onnx
@@ -67,7 +67,7 @@ def compare(model: Path, budget: float, precision: str, inputs: list[tuple[np.nd
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", type=Path, required=True)
     p.add_argument("--data", type=Path, default=Path("../shared/data/ag_news"))
     p.add_argument("--budget", type=float, default=0.5)

@@ -37,6 +37,7 @@ from typing import Any
 
 import httpx
 
+from headbudget.cli import OneLineParser
 from headbudget.loadtest.service_bench import Server, free_port, pct
 from headbudget.service.auth import hash_key, new_key
 
@@ -292,7 +293,7 @@ def measure(model: Path, config: Path, tier: str, workers: int, seconds: float, 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=Path("checkpoints/ag_news-quick"), help="checkpoint folder")
     p.add_argument("--out", type=Path, required=True, help="the JSON file to write")
     p.add_argument("--config", type=Path, default=Path("service.toml"), help="tiers and server settings to serve")

@@ -35,6 +35,7 @@ from typing import Any
 
 import httpx
 
+from headbudget.cli import OneLineParser
 from headbudget.loadtest.fairness import server_config, to_toml
 from headbudget.loadtest.service_bench import free_port
 from headbudget.service.auth import new_key
@@ -224,7 +225,7 @@ async def _under_load(case: str, setup: Setup, redis: Redis, server: Serve, jour
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=Path("checkpoints/ag_news-quick"), help="checkpoint folder")
     p.add_argument("--out", type=Path, required=True, help="the JSON file to write")
     p.add_argument("--config", type=Path, default=Path("service.toml"), help="tiers and server settings to serve")

@@ -11,7 +11,6 @@ from before the setting takes the config).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import http.client
 import json
@@ -24,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from headbudget.cli import OneLineParser
 from headbudget.loadtest.service_bench import Server
 from headbudget.service.auth import hash_key
 
@@ -186,7 +186,7 @@ def supervisor_mb(model: Path, precision: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m headbudget.loadtest.memory", description=__doc__)
+    p = OneLineParser(prog="python -m headbudget.loadtest.memory", description=__doc__)
     p.add_argument("--model", type=Path, required=True)
     p.add_argument("--precision", choices=("fp32", "int8"), default="int8")
     p.add_argument("--max-activation-mb", type=int, default=None)

@@ -18,7 +18,6 @@ machine, date and commit.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
@@ -32,6 +31,7 @@ from typing import Any
 
 import httpx
 
+from headbudget.cli import OneLineParser
 from headbudget.experiments.bench import code_commit, cpu_name
 from headbudget.loadtest.fairness import long_texts, to_toml
 from headbudget.loadtest.service_bench import Server, tree_cpu_s
@@ -150,7 +150,7 @@ def measure(model: Path, precision: str, requests: int, concs: list[int], pauses
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    p = OneLineParser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--model", type=Path, required=True)
     p.add_argument("--precision", default="int8", choices=["fp32", "int8"])
     p.add_argument("--requests", type=int, default=100, help="requests a case, concurrency and round")

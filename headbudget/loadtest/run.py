@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from headbudget.cli import OneLineParser
 from headbudget.client import Client, HeadbudgetError
 from headbudget.loadtest.mix import KEY_ENV, LABELS_ENV, TIERS
 
@@ -72,7 +73,7 @@ def parse_duration(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m headbudget.loadtest.run", description=__doc__,
+    p = OneLineParser(prog="python -m headbudget.loadtest.run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", default="http://127.0.0.1:8000", help="base URL of the service")
     p.add_argument("--users", type=int, default=10, help="concurrent simulated clients")

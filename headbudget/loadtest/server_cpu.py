@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from headbudget.cli import OneLineParser
 from headbudget.experiments.bench import code_commit, cpu_name
 from headbudget.loadtest.capacity import mixed_config
 from headbudget.loadtest.service_bench import (
@@ -147,7 +148,7 @@ def measure(model: Path, texts: list[str], budgets: list[float], precision: str,
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, required=True, help="checkpoint folder")
     p.add_argument("--data", type=Path, default=None,
                    help="folder with test.csv (default: ag_news under $HEADBUDGET_DATA or ../shared/data)")

@@ -10,7 +10,6 @@ Everything runs on 127.0.0.1; every server started here is stopped here.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import csv
 import http.client
@@ -29,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from headbudget.cli import OneLineParser
 
 CONFIG = """
 [server]
@@ -355,7 +356,7 @@ def throughput(model: Path, texts: list[str], budget: float, workers: int, concu
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m headbudget.loadtest.service_bench", description=__doc__)
+    p = OneLineParser(prog="python -m headbudget.loadtest.service_bench", description=__doc__)
     p.add_argument("--model", type=Path, required=True)
     p.add_argument("--data", type=Path, default=Path("../shared/data/ag_news"))
     p.add_argument("--budget", type=float, default=0.5)

@@ -59,3 +59,30 @@ def test_the_cli_takes_the_budgets_the_api_takes(text: str) -> None:
     except ValidationError:
         api = False
     assert cli == api
+
+
+def _tools() -> list[str]:
+    """Every module under the tool packages with a ``main(argv)``: the ``python -m`` commands."""
+    import pkgutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    names = []
+    for folder, prefix in (("headbudget/loadtest", "headbudget.loadtest."),
+                           ("headbudget/experiments", "headbudget.experiments."), ("lab", "lab.")):
+        for info in pkgutil.walk_packages([str(root / folder)], prefix):
+            path = root / (info.name.replace(".", "/") + ".py")
+            if path.is_file() and "\ndef main(argv" in path.read_text():
+                names.append(info.name)
+    return names
+
+
+@pytest.mark.parametrize("module", _tools())
+def test_every_tool_reports_a_bad_flag_in_one_line(module: str, capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib
+
+    with pytest.raises(SystemExit) as exit_info:
+        importlib.import_module(module).main(["--no-such-flag"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ": error: " in err, err

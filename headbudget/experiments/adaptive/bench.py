@@ -13,7 +13,6 @@ the length when a data folder is given, else random ids from the vocabulary.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -23,6 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from headbudget.cli import OneLineParser
 from headbudget.engine.adaptive.backend import AdaptiveEngine
 from headbudget.engine.adaptive.cost import usage_cost
 from headbudget.engine.errors import ModelLoadError
@@ -149,7 +149,7 @@ def bench_texts(model_dir: Path, data: Path, n: int = 300, warmup: int = 10,
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The CLI: JSON on stdout; bad input is one line on stderr and exit code 2."""
-    parser = argparse.ArgumentParser(prog="python -m headbudget.experiments.adaptive.bench", description=__doc__)
+    parser = OneLineParser(prog="python -m headbudget.experiments.adaptive.bench", description=__doc__)
     parser.add_argument("--model", type=Path, required=True, help="checkpoint folder of an adaptive type")
     parser.add_argument("--lengths", default="128,512", help="comma-separated sequence lengths")
     parser.add_argument("--repeats", type=int, default=20)

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from headbudget.cli import OneLineParser
 from headbudget.engine.errors import EngineError
 from headbudget.models.model_types import adaptive_types, model_type
 
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI; one-line errors, exit code 2."""
-    p = argparse.ArgumentParser(prog="python -m headbudget.experiments.adaptive.summary", description=__doc__)
+    p = OneLineParser(prog="python -m headbudget.experiments.adaptive.summary", description=__doc__)
     add_arguments(p)
     return run(p.parse_args(argv))
 
