@@ -19,6 +19,7 @@ from headbudget.service.metrics import Metrics
 _QUIET = frozenset({"/healthz", "/readyz", "/health", "/metrics"})  # probes and scrapes (/health: TEI's)
 _UNCOUNTED = _QUIET | {"/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect", "/playground"}
 _UNCOUNTED_PREFIXES = ("/docs/static/", "/playground/assets/")  # the pages' scripts and styles
+_WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
 _ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 # Request ids are 32 hex digits, as a UUID's: 64 random bits drawn once per process (each worker imports this
 # module anew), then a counter: no request reads the system's random source or builds a UUID.
@@ -38,9 +39,19 @@ class _TooLarge(StarletteHTTPException):
         super().__init__(413, f"the request body is over {limit} bytes")
 
 
+class _Encoded(Exception):
+    """A body in a content coding the service does not decode (gzip, br, ...): 415, not a JSON error about bytes
+    it never read as JSON."""
+
+    def __init__(self, coding: str) -> None:
+        super().__init__(coding)
+        self.coding = coding
+
+
 class RequestContextMiddleware:
     """Gives each request an id (X-Request-ID, kept when the client sends a sane one), enforces the body limit
-    (413), and records metrics and one JSON access line per request. Never sees or logs a key."""
+    (413), refuses a compressed body (415), and records metrics and one JSON access line per request. Never sees
+    or logs a key."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics, max_body_bytes: int) -> None:
         self.app = app
@@ -52,13 +63,15 @@ class RequestContextMiddleware:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        given, length = "", b""
+        given, length, coding = "", b"", b""
         for name, value in scope.get("headers", []):  # the last of a repeated header counts
             name = name.lower()
             if name == b"x-request-id":
                 given = value.decode("latin-1")
             elif name == b"content-length":
                 length = value
+            elif name == b"content-encoding":
+                coding = value.strip().lower()
         request_id = given if _ID_RE.match(given) else new_request_id()
         state: dict[str, Any] = scope.setdefault("state", {})
         state["request_id"] = request_id
@@ -90,20 +103,29 @@ class RequestContextMiddleware:
         try:
             if declared > self.max_body_bytes:
                 raise _TooLarge(self.max_body_bytes)
+            if coding not in (b"", b"identity") and scope.get("method") in _WITH_BODY:
+                raise _Encoded(coding.decode("latin-1")[:32])
             await self.app(scope, receive_limited, send_wrapped)
         except _TooLarge:
             if response_started[0]:
                 raise
-            await self._send_413(send_wrapped)
+            await self._send_error(send_wrapped, 413, "payload_too_large",
+                                   f"the request body is over {self.max_body_bytes} bytes", [(b"connection", b"close")])
+        except _Encoded as e:
+            state["error_code"] = "unsupported_media_type"
+            await self._send_error(send_wrapped, 415, "unsupported_media_type",
+                                   f"Content-Encoding {e.coding!r} is not supported: send the body uncompressed",
+                                   [(b"accept-encoding", b"identity")])
         finally:
             self._record(scope, state, status[0], time.perf_counter() - started)
 
-    async def _send_413(self, send: Send) -> None:
-        body = json.dumps(error_body("payload_too_large",
-                                     f"the request body is over {self.max_body_bytes} bytes")).encode()
-        await send({"type": "http.response.start", "status": 413,
+    @staticmethod
+    async def _send_error(send: Send, status: int, code: str, message: str,
+                          headers: list[tuple[bytes, bytes]]) -> None:
+        body = json.dumps(error_body(code, message)).encode()
+        await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
+                                *headers]})
         await send({"type": "http.response.body", "body": body})
 
     def _record(self, scope: Scope, state: dict[str, Any], status: int, seconds: float) -> None:

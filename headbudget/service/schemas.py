@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 # The smallest budget served, by the API and the CLI alike (budget_arg): below it a plan keeps too little to be a
 # model. Here, not in the engine, because the client installs this module without numpy.
@@ -13,10 +21,19 @@ MAX_TEXTS = 64  # texts per request
 MAX_TEXT_CHARS = 100_000  # longer texts are refused; texts over the token limit are truncated instead
 MAX_LATENCY_MS = 60_000.0
 
+
+
+def _not_bool(value: object) -> object:
+    # pydantic reads true as 1 where a number is due: "budget": true would run (and be charged) at budget 1
+    if isinstance(value, bool):
+        raise ValueError("a number, not true or false")
+    return value
+
+
 Text = Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT_CHARS)]
-BudgetValue = Annotated[float, Field(ge=MIN_BUDGET, le=1.0, allow_inf_nan=False)]
+BudgetValue = Annotated[float, Field(ge=MIN_BUDGET, le=1.0, allow_inf_nan=False), BeforeValidator(_not_bool)]
 BudgetParam = BudgetValue | Literal["auto"]
-LatencyLimit = Annotated[float, Field(gt=0, le=MAX_LATENCY_MS, allow_inf_nan=False)]
+LatencyLimit = Annotated[float, Field(gt=0, le=MAX_LATENCY_MS, allow_inf_nan=False), BeforeValidator(_not_bool)]
 BudgetSource = Literal["request", "tier_default", "max_latency_ms"]  # where the budget came from, not what it is
 
 
@@ -150,7 +167,8 @@ class FeedbackRequest(_Body):
 
     request_id: Annotated[str, StringConstraints(min_length=1, max_length=64)]
     label: Annotated[str, StringConstraints(min_length=1, max_length=256)]
-    index: Annotated[int, Field(ge=0, lt=MAX_TEXTS)] = Field(0, description="which text of the request")
+    index: Annotated[int, Field(ge=0, lt=MAX_TEXTS), BeforeValidator(_not_bool)] = Field(
+        0, description="which text of the request")
 
 
 class FeedbackResponse(BaseModel):

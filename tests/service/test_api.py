@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -182,6 +183,23 @@ async def test_budget_in_query_and_body_conflict_and_wrong_content_type() -> Non
                                   headers={**headers(), "Content-Type": "text/plain"})
     assert both.status_code == 422 and "not both" in error_of(both)["message"]
     assert plain.status_code == 415 and error_of(plain)["code"] == "unsupported_media_type"
+
+
+async def test_booleans_are_not_numbers_and_compressed_bodies_are_415() -> None:
+    async with running_app() as (client, _, engine):
+        flags = [await client.post("/classify", json={"text": "x", field: True}, headers=headers())
+                 for field in ("budget", "max_budget", "max_latency_ms")]
+        gzipped = await client.post("/classify", content=gzip.compress(b'{"text": "x"}'),
+                                    headers={**headers(), "Content-Type": "application/json",
+                                             "Content-Encoding": "gzip"})
+        identity = await client.post("/classify", content=b'{"text": "x"}', headers={
+            **headers(), "Content-Type": "application/json", "Content-Encoding": "identity"})
+    for r, field in zip(flags, ("budget", "max_budget", "max_latency_ms"), strict=True):
+        assert r.status_code == 422 and error_of(r)["message"].startswith(f"{field}: "), r.text
+    assert gzipped.status_code == 415 and gzipped.headers["accept-encoding"] == "identity"
+    assert "'gzip' is not supported" in error_of(gzipped)["message"]
+    assert identity.status_code == 200
+    assert len(engine.calls) == 1  # only the uncompressed one ran
 
 
 async def test_body_over_limit_is_413() -> None:

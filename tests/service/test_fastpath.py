@@ -34,6 +34,9 @@ CASES: list[tuple[str, bytes, dict[str, str]]] = [
     ("", b'{"texts": ["a", ""]}', headers()),  # an empty one
     ("", b'{"text": "x", "texts": ["y"]}', headers()),  # both
     ("", json.dumps({"texts": ["t"] * 65}).encode(), headers()),  # too many texts
+    ("", b'{"text": "x", "budget": true}', headers()),  # a boolean is not a budget (pydantic would read 1)
+    ("", b'{"text": "x", "max_latency_ms": true}', headers()),
+    ("", b'{"text": "x"}', {**headers(), "Content-Encoding": "gzip"}),  # a coding the service does not decode
     ("?budget=NaN", b'{"text": "x"}', headers()),
     ("?budget=2", b'{"text": "x"}', headers()),
     ("?budget=", b'{"text": "x"}', headers()),
