@@ -40,7 +40,7 @@ def register(subparsers: Any) -> None:
                    help="serve a timing stand-in (a checkpoint's plans rebuilt from its sweep) for load tests: "
                         "its answers are its base's")
     p.add_argument("--access-log", type=Path, metavar="FILE",
-                   help="write the access records (JSON lines) to FILE instead of stderr")
+                   help="write the access records (JSON lines) to FILE instead of stderr, whatever --log-level")
     p.add_argument("--print-curl", action="store_true",
                    help="once ready, print a curl command with a development key valid while the server runs")
     p.add_argument("--decider-data", metavar="DATA",

@@ -69,7 +69,9 @@ _access_file: _AccessFile | None = None
 
 def configure_logging(level: str = "INFO", access_log: Path | None = None) -> None:
     """Send our logs and uvicorn's to stderr as JSON lines (uvicorn's own access log is replaced by ours); access
-    records to ``access_log`` instead when given (appended: every worker writes whole lines)."""
+    records to ``access_log`` instead when given (appended: every worker writes whole lines). A file asked for is
+    written whatever ``level`` (which quiets stderr): usage is reconciled from it; probes and scrapes only at
+    debug."""
     global _access_file
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
@@ -77,6 +79,7 @@ def configure_logging(level: str = "INFO", access_log: Path | None = None) -> No
     root.handlers[:] = [handler]
     root.setLevel(level)
     ACCESS.handlers[:], ACCESS.propagate = [], access_log is None
+    ACCESS.setLevel(min(root.level, logging.INFO) if access_log is not None else logging.NOTSET)
     if _access_file is not None:
         _access_file.close()
     _access_file = _AccessFile(access_log) if access_log is not None else None

@@ -63,6 +63,22 @@ def test_access_records_go_to_their_file_as_the_json_formatter_writes_them(tmp_p
     assert path.read_text().splitlines() == lines
 
 
+def test_an_access_log_file_is_written_at_any_log_level(tmp_path: Path) -> None:
+    from headbudget.service import logs
+
+    path = tmp_path / "access.log"
+    try:
+        logs.configure_logging("WARNING", path)  # quiet on stderr; the file asked for still gets every request
+        assert logs.access_logged() and not logs.access_logged(quiet=True)
+        logs.log_access({"request_id": "r1"})
+        logs.log_access({"request_id": "probe"}, quiet=True)
+        logs.configure_logging("WARNING")  # no file: the level decides again
+        assert not logs.access_logged()
+    finally:
+        logs.configure_logging("WARNING")
+    assert [json.loads(ln)["request_id"] for ln in path.read_text().splitlines()] == ["r1"]
+
+
 def test_an_access_log_that_cannot_be_written_fails_no_request(tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     import os
