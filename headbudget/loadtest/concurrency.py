@@ -6,7 +6,8 @@ News test texts in file order, one text per request, each its next request as so
 loop), for ``--seconds`` after a short warm-up. Server CPU is read from the server's process tree (its processes'
 CPU clocks); the engine's share from headbudget's ``headbudget_engine_cpu_seconds_total``. Steps are rotated run
 by run, so drift in the machine's speed hits every server, budget and concurrency alike. Pin the server and this
-client to different cores (``taskset``) to measure per core.
+client to different cores (``taskset``) to measure per core. ``--client wire`` sends over plain sockets
+(``loadtest.wire``) instead of httpx, whose own milliseconds a request leave a server idle between requests.
 
     taskset -c 0 python -m headbudget.loadtest.concurrency --url http://127.0.0.1:8000 --pid PID \\
         --data ../shared/data/ag_news --out docs/results/CKPT/serving-concurrency.json
@@ -18,11 +19,13 @@ import asyncio
 import csv
 import json
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import httpx
 import psutil
@@ -30,9 +33,11 @@ import psutil
 from headbudget.cli import OneLineParser
 from headbudget.commands.common import budget_arg
 from headbudget.experiments.bench import code_commit, cpu_name
+from headbudget.loadtest import wire
 from headbudget.loadtest.service_bench import pct, tree_cpu_s
 
 PROG = "python -m headbudget.loadtest.concurrency"
+ClientKind = Literal["httpx", "wire"]
 WARMUP_S = 2.0
 
 
@@ -95,12 +100,46 @@ async def closed_loop(target: Target, texts: list[str], conc: int, seconds: floa
     return len(latencies), latencies, failed
 
 
-def step(target: Target, texts: list[str], conc: int, seconds: float, run: int) -> dict[str, Any]:
+def wire_loop(target: Target, texts: list[str], conc: int, seconds: float) -> tuple[int, list[float], int]:
+    """``closed_loop`` over plain sockets, a thread a connection."""
+    url = urlsplit(target.url)
+    latencies: list[float] = []
+    failed = [0]
+    stop = time.monotonic() + seconds
+    lock = threading.Lock()
+
+    def user(i: int) -> None:
+        with wire.Connection(url.port or 80, url.hostname or "127.0.0.1") as conn:
+            j = i
+            while time.monotonic() < stop:
+                request = wire.post(url.path, target.headers, json.dumps(target.body(texts[j % len(texts)])).encode())
+                t0 = time.perf_counter()
+                status, _ = conn.send(request)
+                with lock:
+                    if status == 200:
+                        latencies.append((time.perf_counter() - t0) * 1e3)
+                    else:
+                        failed[0] += 1
+                j += conc
+
+    wire.in_threads(user, conc)
+    return len(latencies), latencies, failed[0]
+
+
+def _loop(client: ClientKind, target: Target, texts: list[str], conc: int,
+          seconds: float) -> tuple[int, list[float], int]:
+    if client == "wire":
+        return wire_loop(target, texts, conc, seconds)
+    return asyncio.run(closed_loop(target, texts, conc, seconds))
+
+
+def step(target: Target, texts: list[str], conc: int, seconds: float, run: int,
+         client: ClientKind = "httpx") -> dict[str, Any]:
     """One measured level: warm-up, then the CPU counters around ``seconds`` of the closed loop."""
-    asyncio.run(closed_loop(target, texts, conc, WARMUP_S))
+    _loop(client, target, texts, conc, WARMUP_S)
     engine0 = engine_cpu_s(target)  # the scrape goes outside the window
     cpu0, t0 = tree_cpu_s(target.pid), time.monotonic()
-    answered, latencies, failed = asyncio.run(closed_loop(target, texts, conc, seconds))
+    answered, latencies, failed = _loop(client, target, texts, conc, seconds)
     wall, cpu1 = time.monotonic() - t0, tree_cpu_s(target.pid)
     engine1 = engine_cpu_s(target)
     n = max(1, answered)
@@ -136,6 +175,8 @@ def build_parser() -> OneLineParser:
     p.add_argument("--conc", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--runs", type=int, default=2)
+    p.add_argument("--client", choices=["httpx", "wire"], default="httpx",
+                   help="httpx (default), or prepared requests over plain sockets")
     p.add_argument("--data", type=Path, required=True, help="a folder with test.csv")
     p.add_argument("--texts", type=int, default=2000, help="the first N test texts, in file order")
     p.add_argument("--peer-url")
@@ -175,13 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     try:
         for target, conc, run in plan(targets, args.conc, args.runs):
-            rows.append(step(target, texts, conc, args.seconds, run))
+            rows.append(step(target, texts, conc, args.seconds, run, args.client))
             print(json.dumps(rows[-1]), flush=True)
-    except (httpx.HTTPError, psutil.NoSuchProcess) as e:
+    except (httpx.HTTPError, OSError, psutil.NoSuchProcess) as e:
         print(f"{PROG}: error: a server stopped answering ({type(e).__name__}: {e})", file=sys.stderr)
         return 1
     doc: dict[str, Any] = {"cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"), "commit": code_commit(),
-                           "checkpoint": args.checkpoint, "workers": 1, "seconds": args.seconds,
+                           "checkpoint": args.checkpoint, "workers": 1, "seconds": args.seconds, "client": args.client,
                            "texts": len(texts), "rows": rows, "command": f"{PROG} " + " ".join(
                                sys.argv[1:] if argv is None else argv)}
     if args.peer_url:

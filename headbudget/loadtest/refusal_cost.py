@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import threading
 import time
@@ -33,6 +32,7 @@ import httpx
 
 from headbudget.cli import OneLineParser
 from headbudget.experiments.bench import code_commit, cpu_name
+from headbudget.loadtest import wire
 from headbudget.loadtest.fairness import long_texts, to_toml
 from headbudget.loadtest.service_bench import Server, tree_cpu_s
 from headbudget.service.auth import hash_key, new_key
@@ -59,43 +59,26 @@ def config(keys: dict[str, str]) -> str:
 
 def flood(port: int, key: str, body: bytes, conc: int, requests: int, pause_s: float = 0.0) -> dict[int, int]:
     """Status codes of ``requests`` requests of ``body`` sent over ``conc`` keep-alive connections in a closed loop,
-    each waiting ``pause_s`` after an answer.
-
-    Plain sockets and one prepared request: the client's own work between requests stays in microseconds, so the
-    server is not left idle (and cold) between them as an HTTP library's milliseconds a request would leave it."""
-    request = (f"POST /classify HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nX-API-Key: {key}\r\n"
-               f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+    each waiting ``pause_s`` after an answer: one prepared request over ``wire`` connections."""
+    request = wire.post("/classify", {"X-API-Key": key}, body)
     codes: dict[int, int] = {}
     left = [requests]
     lock = threading.Lock()
 
-    def user() -> None:
-        with socket.create_connection(("127.0.0.1", port)) as sock:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            reader = sock.makefile("rb")
+    def user(_i: int) -> None:
+        with wire.Connection(port) as conn:
             while True:
                 with lock:
                     if left[0] <= 0:
                         return
                     left[0] -= 1
-                sock.sendall(request)
-                status = int(reader.readline().split(b" ", 2)[1])
-                length = 0
-                while (line := reader.readline()) not in (b"\r\n", b""):
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                reader.read(length)
+                status, _ = conn.send(request)
                 with lock:
                     codes[status] = codes.get(status, 0) + 1
                 if pause_s:
                     time.sleep(pause_s)
 
-    threads = [threading.Thread(target=user) for _ in range(conc)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    wire.in_threads(user, conc)
     return codes
 
 

@@ -44,6 +44,19 @@ def test_rows_for_every_budget_concurrency_and_run(smoke_checkpoint: Path, tmp_p
         assert r["p50_ms"] <= r["p99_ms"]
 
 
+def test_the_wire_client_answers_as_httpx_does(smoke_checkpoint: Path, tmp_path: Path) -> None:
+    out = tmp_path / "serving-concurrency.json"
+    with Server(smoke_checkpoint, 1, precision="int8") as srv:
+        rc = main(["--url", srv.url, "--pid", str(srv.proc.pid), "--data", str(_data(tmp_path / "data")),
+                   "--budgets", "0.25", "--conc", "1", "3", "--seconds", "0.5", "--runs", "1", "--client", "wire",
+                   "--out", str(out)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["client"] == "wire" and [r["conc"] for r in doc["rows"]] == [1, 3]
+    for r in doc["rows"]:
+        assert r["non_200"] == 0 and r["rps"] > 0 and 0 < r["engine_cpu_ms_per_answer"] < r["cpu_ms_per_answer"]
+
+
 def test_each_run_rotates_the_order_of_its_steps() -> None:
     targets = [headbudget_target("http://x", 1, b, None) for b in (1.0, 0.5)]
     steps = [(t.budget, c, run) for t, c, run in plan(targets, [1, 8], 3)]
