@@ -22,7 +22,6 @@ MAX_TEXT_CHARS = 100_000  # longer texts are refused; texts over the token limit
 MAX_LATENCY_MS = 60_000.0
 
 
-
 def _not_bool(value: object) -> object:
     # pydantic reads true as 1 where a number is due: "budget": true would run (and be charged) at budget 1
     if isinstance(value, bool):
