@@ -142,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     settings = ServeSettings(model_dir=args.model, config_path=args.config, precision=args.precision)
-    # access records need info; without them, warning keeps the app's own lines off the measurement's output
-    configure_logging("INFO" if args.access_log is not None else "WARNING", args.access_log)
+    # warning keeps the app's own lines off the measurement's output; an access log file is written at any level
+    configure_logging("WARNING", args.access_log)
     prepare: Callable[[Call], Awaitable[None]] | None = None
     if args.mode == "answered":
         assert config is not None and args.data is not None

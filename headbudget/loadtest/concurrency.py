@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -37,7 +37,6 @@ from headbudget.loadtest import wire
 from headbudget.loadtest.service_bench import pct, tree_cpu_s
 
 PROG = "python -m headbudget.loadtest.concurrency"
-ClientKind = Literal["httpx", "wire"]
 WARMUP_S = 2.0
 
 
@@ -126,20 +125,21 @@ def wire_loop(target: Target, texts: list[str], conc: int, seconds: float) -> tu
     return len(latencies), latencies, failed[0]
 
 
-def _loop(client: ClientKind, target: Target, texts: list[str], conc: int,
-          seconds: float) -> tuple[int, list[float], int]:
-    if client == "wire":
-        return wire_loop(target, texts, conc, seconds)
+def httpx_loop(target: Target, texts: list[str], conc: int, seconds: float) -> tuple[int, list[float], int]:
     return asyncio.run(closed_loop(target, texts, conc, seconds))
 
 
+Loop = Callable[[Target, list[str], int, float], tuple[int, list[float], int]]
+CLIENTS: dict[str, Loop] = {"httpx": httpx_loop, "wire": wire_loop}  # --client: the load generator's closed loop
+
+
 def step(target: Target, texts: list[str], conc: int, seconds: float, run: int,
-         client: ClientKind = "httpx") -> dict[str, Any]:
+         loop: Loop = httpx_loop) -> dict[str, Any]:
     """One measured level: warm-up, then the CPU counters around ``seconds`` of the closed loop."""
-    _loop(client, target, texts, conc, WARMUP_S)
+    loop(target, texts, conc, WARMUP_S)
     engine0 = engine_cpu_s(target)  # the scrape goes outside the window
     cpu0, t0 = tree_cpu_s(target.pid), time.monotonic()
-    answered, latencies, failed = _loop(client, target, texts, conc, seconds)
+    answered, latencies, failed = loop(target, texts, conc, seconds)
     wall, cpu1 = time.monotonic() - t0, tree_cpu_s(target.pid)
     engine1 = engine_cpu_s(target)
     n = max(1, answered)
@@ -175,7 +175,7 @@ def build_parser() -> OneLineParser:
     p.add_argument("--conc", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--runs", type=int, default=2)
-    p.add_argument("--client", choices=["httpx", "wire"], default="httpx",
+    p.add_argument("--client", choices=list(CLIENTS), default="httpx",
                    help="httpx (default), or prepared requests over plain sockets")
     p.add_argument("--data", type=Path, required=True, help="a folder with test.csv")
     p.add_argument("--texts", type=int, default=2000, help="the first N test texts, in file order")
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     try:
         for target, conc, run in plan(targets, args.conc, args.runs):
-            rows.append(step(target, texts, conc, args.seconds, run, args.client))
+            rows.append(step(target, texts, conc, args.seconds, run, CLIENTS[args.client]))
             print(json.dumps(rows[-1]), flush=True)
     except (httpx.HTTPError, OSError, psutil.NoSuchProcess) as e:
         print(f"{PROG}: error: a server stopped answering ({type(e).__name__}: {e})", file=sys.stderr)

@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import random
 import shutil
 import socket
@@ -38,7 +37,7 @@ from typing import Any
 import httpx
 
 from headbudget.cli import OneLineParser
-from headbudget.loadtest.service_bench import Server, free_port, pct
+from headbudget.loadtest.service_bench import Server, free_port, pct, pinned
 from headbudget.service.auth import hash_key, new_key
 
 PROG = "fairness"
@@ -261,9 +260,7 @@ def measure(model: Path, config: Path, tier: str, workers: int, seconds: float, 
     texts = long_texts(heavy_texts, long_words)
     with local_redis(redis) as redis_url, \
             Server(model, workers, config_text=server_config(base, tier, keys, redis_url), precision=precision,
-                   cpus=cpus[0]) as srv:
-        if cpus[1]:
-            os.sched_setaffinity(0, _cpu_list(cpus[1]))
+                   cpus=cpus[0]) as srv, pinned(_cpu_list(cpus[1]) if cpus[1] else None):
 
         async def run() -> tuple[Tally, Tally, Tally, float]:
             warm = Tally()  # the workers run both shapes once before anything is timed (the quota may refuse some)

@@ -23,8 +23,6 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +32,7 @@ from headbudget.cli import OneLineParser
 from headbudget.experiments.bench import code_commit, cpu_name
 from headbudget.loadtest import wire
 from headbudget.loadtest.fairness import long_texts, to_toml
-from headbudget.loadtest.service_bench import Server, tree_cpu_s
+from headbudget.loadtest.service_bench import Server, pinned, tree_cpu_s
 from headbudget.service.auth import hash_key, new_key
 
 PROG = "refusal_cost"
@@ -82,27 +80,13 @@ def flood(port: int, key: str, body: bytes, conc: int, requests: int, pause_s: f
     return codes
 
 
-@contextmanager
-def pinned(cpu: int | None) -> Iterator[None]:
-    """This process on ``cpu`` for the block (None: as it is)."""
-    if cpu is None:
-        yield
-        return
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {cpu})
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
-
-
 def measure(model: Path, precision: str, requests: int, concs: list[int], pauses_ms: list[float], rounds: int,
             warmup: int, pin: bool) -> list[dict[str, Any]]:
     keys = {case: new_key() for case in CASES}
     body = json.dumps({"texts": long_texts(64, 600)}).encode()
     rows = []
     with Server(model, 1, config_text=config(keys), precision=precision,
-                cpus=str(SERVER_CPU) if pin else None) as srv, pinned(CLIENT_CPU if pin else None):
+                cpus=str(SERVER_CPU) if pin else None) as srv, pinned({CLIENT_CPU} if pin else None):
         with httpx.Client(base_url=srv.url, timeout=600) as client:
             # Spend what each case refuses on: the rate key's one request, the quota key's compute
             assert client.post("/classify", json={"text": "a short text"},

@@ -23,7 +23,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence, Set
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,20 @@ class Server:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.log.close()
         self.dir.cleanup()
+
+
+@contextmanager
+def pinned(cpus: Set[int] | None) -> Iterator[None]:
+    """This process on ``cpus`` for the block, its affinity given back after (None: as it is)."""
+    if cpus is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def server_cpu_s(srv: Server, start: bool = False) -> tuple[float, float]:
