@@ -27,7 +27,15 @@ class Connection:
 
     def send(self, request: bytes) -> tuple[int, bytes]:
         """(status, body) of one prepared request (``post``)."""
+        self.write(request)
+        return self.read()
+
+    def write(self, request: bytes) -> None:
+        """Send a prepared request without waiting for its answer (``read`` takes it)."""
         self.sock.sendall(request)
+
+    def read(self) -> tuple[int, bytes]:
+        """(status, body) of the next answer on this connection."""
         status_line = self.reader.readline()
         if not status_line:
             raise ConnectionError("the server closed the connection")
