@@ -71,4 +71,7 @@ def test_a_worker_stays_within_300_mb_of_idle_under_the_largest_requests(minilm_
     assert got["max_length"] == 512
     assert got["peak_over_idle_mb"] <= WITHIN_MB, got
     assert all(r["peak_mb"] - got["idle_mb"] <= WITHIN_MB for r in got["requests"]), got["requests"]
-    assert got["after_over_idle_mb"] <= 64, got  # given back, not kept
+    # Given back, not kept: what stays is at most one pass under the cap (engine/passes.py); the working set the
+    # CPU's kernels, the tokenizer and the heaps keep besides differs by machine (40-73 MB on a Xeon with AMX, 14 on
+    # an AVX2 EPYC), so the bound is the cap's, not a figure from one CPU.
+    assert got["after_over_idle_mb"] <= server_config()["max_activation_mb"], got
