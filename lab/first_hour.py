@@ -6,11 +6,14 @@ command gets an answer.
 Clones this repository's HEAD beside it (``../shared`` must be there, as CI has it), runs both commands as a user
 would and writes ``first-hour.json``: the CPU and its instruction sets, `make test`'s wall time, its pytest part
 and counts, `make run`'s time to the first answer and its phases (each phase ends where the next command of
-`make run` starts). Nothing here imports headbudget: it times the commands from outside.
+`make run` starts). Nothing here imports headbudget's code under test: it times the commands from outside. On a
+CPU with AMX, `python -m lab.without_amx -- python -m lab.first_hour ...` times them as an AVX-512 VNNI CPU
+without AMX runs them (``amx_refused``).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from headbudget.cli import OneLineParser
+from lab.without_amx import request_amx
 
 ROOT = Path(__file__).resolve().parents[1]
 ISA = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "amx_bf16")
@@ -37,11 +41,15 @@ PHASES = (("install", re.compile(r"^\S*pip install|^python3 -m venv")),
           ("ready", re.compile(r"headbudget is ready")))
 
 
-def cpu() -> tuple[str, list[str]]:
+def cpu() -> tuple[str, list[str], bool]:
+    """The model name, the instruction sets the commands may use, and whether AMX was refused to them (a CPU with
+    AMX run under `lab.without_amx`: its amx flags are left out)."""
     out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model = next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "?")
     flags = next((ln.split(":", 1)[1].split() for ln in out.splitlines() if ln.startswith("Flags")), [])
-    return model, [f for f in ISA if f in flags]
+    isa = [f for f in ISA if f in flags]
+    refused = any(f.startswith("amx") for f in isa) and request_amx() == errno.EPERM
+    return model, [f for f in isa if not (refused and f.startswith("amx"))], refused
 
 
 def free_port() -> int:
@@ -130,10 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(args.clone, ignore_errors=True)
     subprocess.run(["git", "clone", "-q", str(ROOT), str(args.clone)], check=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=args.clone, capture_output=True, text=True).stdout
-    model, isa = cpu()
+    model, isa, amx_refused = cpu()
     logs = args.out.parent
     logs.mkdir(parents=True, exist_ok=True)
-    doc: dict[str, Any] = {"cpu": model, "isa": isa, "cores": os.cpu_count(), "commit": commit.strip(),
+    doc: dict[str, Any] = {"cpu": model, "isa": isa, "amx_refused": amx_refused, "cores": os.cpu_count(),
+                           "commit": commit.strip(),
                            "date": time.strftime("%Y-%m-%d"), "command": "python -m lab.first_hour " +
                            " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))}
     doc |= make_test(args.clone, Path("/tmp/first-hour-make-test.log"))
