@@ -166,8 +166,15 @@ def _config(setup: Setup, key: str, redis_url: str, on_error: str, journal: Path
     return path
 
 
-def _usage_units(url: str, key: str) -> int:
-    r = httpx.get(f"{url}/v1/usage", headers={"X-API-Key": key}, timeout=30)
+def _usage_units(url: str, key: str, timeout_s: float = 60) -> int:
+    """The key's usage today. The key's request rate counts this request too, and the load just before may have
+    spent it: a 429 is waited out as its Retry-After says, as a client should."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        r = httpx.get(f"{url}/v1/usage", headers={"X-API-Key": key}, timeout=30)
+        if r.status_code != 429 or time.monotonic() > deadline:
+            break
+        time.sleep(min(float(r.headers.get("retry-after", "1")), 5.0))
     r.raise_for_status()
     return round(float(r.json()["today"]["units"]) * 1000)
 

@@ -7,8 +7,10 @@ import json
 import shutil
 from pathlib import Path
 
+import httpx
 import pytest
 
+from headbudget.loadtest import faults
 from headbudget.loadtest.faults import main
 
 
@@ -31,3 +33,22 @@ def test_a_folder_that_is_no_checkpoint_is_one_line_and_exit_2(tmp_path: Path, c
     assert main(["--model", str(tmp_path), "--out", str(tmp_path / "f.json")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not a checkpoint folder" in err
+
+
+def test_the_usage_query_waits_out_the_rate_limit_the_load_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The load spends the key's request rate; the query after it must not fail on that 429.
+    answers = [httpx.Response(429, headers={"retry-after": "0"}), httpx.Response(429, headers={"retry-after": "0"}),
+               httpx.Response(200, json={"today": {"units": 12.345}})]
+    asked: list[str] = []
+
+    def get(url: str, **kwargs: object) -> httpx.Response:
+        asked.append(url)
+        r = answers.pop(0)
+        r.request = httpx.Request("GET", url)
+        return r
+
+    monkeypatch.setattr(faults.httpx, "get", get)
+    assert faults._usage_units("http://h", "k") == 12345 and asked == ["http://h/v1/usage"] * 3
+    answers[:] = [httpx.Response(429, headers={"retry-after": "0"})] * 2 + [httpx.Response(503)]
+    with pytest.raises(httpx.HTTPStatusError):  # what is not a 429 is still an error
+        faults._usage_units("http://h", "k")
