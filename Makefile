@@ -24,9 +24,10 @@ PRECISION ?= int8
 # the published method).
 SCOPE ?= model
 
-# Test files run on two workers (pytest-xdist): most of the suite waits on servers and subprocesses, and the trained
-# session fixtures are built once for both (tests/conftest.py, built_once).
-TEST_WORKERS ?= 2
+# Test files run on one worker more than the cores (pytest-xdist; at most 8): two workers on two cores left a tenth of
+# the CPU idle while tests waited on servers and subprocesses (docs/decisions.md). The trained session fixtures are
+# built once for all workers (tests/conftest.py, built_once).
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -lt 8 ] && echo $$((n + 1)) || echo 8)
 
 .PHONY: install system-deps test lint run train sweep bench serve clean
 
