@@ -141,12 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     model, isa, amx_refused = cpu()
     logs = args.out.parent
     logs.mkdir(parents=True, exist_ok=True)
+    command = " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    wrapper = "python -m lab.without_amx -- " if amx_refused else ""
     doc: dict[str, Any] = {"cpu": model, "isa": isa, "amx_refused": amx_refused, "cores": os.cpu_count(),
-                           "commit": commit.strip(),
-                           "date": time.strftime("%Y-%m-%d"),
-                           "command": ("python -m lab.without_amx -- " if amx_refused else "") +
-                           "python -m lab.first_hour " +
-                           " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))}
+                           "commit": commit.strip(), "date": time.strftime("%Y-%m-%d"),
+                           "command": f"{wrapper}python -m lab.first_hour {command}"}
     doc |= make_test(args.clone, Path("/tmp/first-hour-make-test.log"))
     doc |= make_run(args.clone, Path("/tmp/first-hour-make-run.log"), args.run_timeout)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
