@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import errno
-import os
 import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux" or platform.machine() != "x86_64",
                                 reason="seccomp's x86-64 filter")
+ROOT = Path(__file__).resolve().parents[2]
 
 _PROBE = ("import ctypes, os, sys; from lab.without_amx import request_amx; "
           "m = ctypes.c_ulong(0); "
@@ -22,8 +23,8 @@ _PROBE = ("import ctypes, os, sys; from lab.without_amx import request_amx; "
 
 
 def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "lab.without_amx", *argv], capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    return subprocess.run([sys.executable, "-m", "lab.without_amx", *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
 
 
 def test_the_command_and_its_children_are_refused_amx_with_eperm_and_other_calls_pass() -> None:
