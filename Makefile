@@ -5,6 +5,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export TOKENIZERS_PARALLELISM := false
+# Bytecode is written (.venv and the ignored __pycache__ folders): with PYTHONDONTWRITEBYTECODE set, every process
+# the suite starts compiled its imports again, about 2 s each (docs/decisions.md).
+unexport PYTHONDONTWRITEBYTECODE
 # What `make run` prints is ours: the libraries' progress bars and advice stay off.
 export TRANSFORMERS_VERBOSITY := error
 export HF_HUB_DISABLE_PROGRESS_BARS := 1
