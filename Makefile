@@ -78,7 +78,8 @@ lint: install
 
 # The test-split sweep (sweep.json: accuracy per budget for /v1/models and the playground; about 3 min) and the
 # benchmark (bench.json) are not on the way to the first answer: `make sweep` and `make bench` add them, and the
-# server times its own engine at start-up when there is no bench.json.
+# server times its own engine at start-up when there is no bench.json. --no-sweep also skips the last stage's one
+# validation, which selects nothing: the decider measures every budget on the validation split.
 $(CHECKPOINT)/config.json: | $(STAMP)
 	$(BIN)/headbudget train --base minilm --data $(DATA) --recipe quick --scope $(SCOPE) --out $(CHECKPOINT) --seed 7 \
 	  --no-sweep

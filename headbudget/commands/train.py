@@ -42,7 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--examples-per-stage", type=positive_int, default=None, help="override the recipe's cap")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a recipe field, e.g. --set gate_lr=0.1 (repeatable)")
-    p.add_argument("--no-sweep", action="store_true", help="skip the test-split sweep at the end")
+    p.add_argument("--no-sweep", action="store_true",
+                   help="measure nothing after training: no test-split sweep, and no last validation where it "
+                        "would select nothing")
     p.set_defaults(func=run)
 
 
@@ -84,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     device, recipe = run_cfg.device, run_cfg.recipe
     from headbudget.training.trainer import train
 
-    out = train(run_cfg, args.out)
+    out = train(run_cfg, args.out, final_evaluation=not args.no_sweep)
     if not args.no_sweep and args.model != "budgeted":
         from headbudget.experiments.adaptive.report import evaluate_adaptive
 

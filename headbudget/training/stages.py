@@ -181,8 +181,9 @@ def run_stage(
     """Train ``model`` in place for one stage and leave it holding the best weights seen on validation.
 
     ``fixed_budget`` trains every batch at that budget instead of b ~ U[b_min, 1] (the per-budget baselines).
-    ``final`` False: a stage another follows; if it evaluates only once, at its end, that evaluation selects nothing
-    (the last weights are kept either way) and is skipped: the `quick` recipe's two first stages.
+    ``final`` False: a stage another follows, or whose model its caller measures itself; if it evaluates only once, at
+    its end, that evaluation selects nothing (the last weights are kept either way) and is skipped: every stage of
+    the `quick` recipe in ``make run``.
     """
     import time
 

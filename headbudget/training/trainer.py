@@ -144,7 +144,7 @@ def _resume_stage(stage: str, stage_dir: Path, run_gate: GateConfig,
 
 
 def _run_stages(run: RunConfig, out: Path, model: BudgetedClassifier, base: Base, train_split: TokenizedSplit,
-                val_split: TokenizedSplit) -> tuple[BudgetedClassifier, dict[str, Any]]:
+                val_split: TokenizedSplit, final_evaluation: bool) -> tuple[BudgetedClassifier, dict[str, Any]]:
     """Every stage of the model type in turn, each resumed from its folder when done; the final model and
     each stage's record."""
     recipe, device = run.recipe, torch.device(run.device)
@@ -169,7 +169,7 @@ def _run_stages(run: RunConfig, out: Path, model: BudgetedClassifier, base: Base
             record = _skip_dense(model, base, val_split)
         else:
             record = asdict(run_stage(model, stage, recipe, train_split, val_split, seed=run.seed + i,
-                                      teacher=teacher, final=i == len(stages) - 1))
+                                      teacher=teacher, final=final_evaluation and i == len(stages) - 1))
         save_checkpoint(model, stage_dir, {"stage": stage, "model_type": model.cfg.model_type})
         results[stage] = record
         (stage_dir / "done.json").write_text(json.dumps(results[stage], indent=2) + "\n")
@@ -203,8 +203,11 @@ def _checkpoint_meta(run: RunConfig, out: Path, ds: DataSet, max_length: int, ba
     }
 
 
-def train(run: RunConfig, out: Path) -> Path:
-    """Train (or resume) a budgeted checkpoint into ``out``; returns the checkpoint folder."""
+def train(run: RunConfig, out: Path, final_evaluation: bool = True) -> Path:
+    """Train (or resume) a budgeted checkpoint into ``out``; returns the checkpoint folder.
+
+    ``final_evaluation`` False: the last stage, like the others, skips an evaluation that would select nothing, for a
+    caller that measures the checkpoint itself (``make run``: the decider, on the whole validation split)."""
     t0 = time.perf_counter()
     recipe = run.recipe
     ds: DataSet = load_data(run.data, run.text_column, run.label_column, seed=run.seed,
@@ -218,7 +221,7 @@ def train(run: RunConfig, out: Path) -> Path:
     encoder = TextEncoder(tok_dir, min(recipe.max_length, model.cfg.max_position))
     train_split, val_split = tokenize(ds.train, encoder), tokenize(ds.validation.take(recipe.val_examples), encoder)
     log.info("data %s: %d train, %d validation, labels %s", ds.name, len(train_split), len(val_split), ds.labels)
-    model, results = _run_stages(run, out, model, base, train_split, val_split)
+    model, results = _run_stages(run, out, model, base, train_split, val_split, final_evaluation)
     save_checkpoint(model.cpu(), out, _checkpoint_meta(run, out, ds, encoder.max_length, base, results, t0))
     copy_tokenizer(tok_dir, out)
     return out

@@ -50,6 +50,8 @@ def test_a_fine_tuned_classifier_becomes_a_budgeted_checkpoint_that_serves(famil
     config = json.loads((out / "config.json").read_text())
     assert config["stages"]["dense"]["steps"] == 0 and "classifier" in config["stages"]["dense"]["skipped"]
     assert config["stages"]["budget"]["steps"] > 0 and config["model"]["pooler"] == "tanh"
+    # --no-sweep: the last stage's one evaluation, which would select nothing, did not run either.
+    assert config["stages"]["hard"]["steps"] > 0 and config["stages"]["hard"]["best_val"] is None
     with start_server(out, toml_of(config_dict()), tmp_path / "srv") as server:
         answers = {}
         for budget in (0.25, 1.0):

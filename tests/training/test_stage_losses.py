@@ -103,7 +103,7 @@ def test_hard_stage_with_the_dense_teacher_trains_from_a_finished_stage_2(
         shutil.copytree(smoke_model_scope_checkpoint / "stages" / stage, out / "stages" / stage)
     proc = run_cli("train", "--base", "tiny", "--data", "synthetic", "--recipe", "smoke", "--scope", "model",
                    "--set", "hard_teacher=dense", "--set", "sandwich=true", "--set", "hidden_distill=1",
-                   "--no-sweep", "--out", str(out), "--device", "cpu")
+                   "--out", str(out), "--device", "cpu")  # with the sweep, so the last stage is evaluated
     assert proc.returncode == 0, proc.stderr[-2000:]
     meta = json.loads((out / "config.json").read_text())
     assert meta["recipe"]["hard_teacher"] == "dense" and meta["recipe"]["sandwich"] is True
