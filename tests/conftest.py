@@ -66,11 +66,35 @@ def minilm_shaped_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """Run ``headbudget ARGS`` as a real process (the installed CLI, same interpreter)."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+def run_cli(*args: str, timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``headbudget ARGS`` as a real process (the installed CLI, same interpreter), ``env`` added to ours."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", "headbudget.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=env)
+
+
+# Imported by a child interpreter at start-up (PYTHONPATH=the folder holding it as sitecustomize.py): any import of
+# torch raises, so a path that needs torch fails and the test sees it.
+TORCH_BLOCKER = '''
+import sys
+
+
+class _NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("torch is blocked in this process")
+        return None
+
+
+sys.meta_path.insert(0, _NoTorch())
+'''
+
+
+def without_torch(folder: Path) -> dict[str, str]:
+    """The environment a child process needs to run with torch unimportable (``TORCH_BLOCKER``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(TORCH_BLOCKER)
+    return {"PYTHONPATH": str(folder)}
 
 
 def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]) -> Path:

@@ -5,14 +5,10 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from headbudget.commands.common import CliError, positive_int
 from headbudget.models.config import MODEL_TYPES, SCOPES
-from headbudget.training.recipes import RECIPE_NAMES  # torch-free
-
-if TYPE_CHECKING:
-    from headbudget.training.trainer import RunConfig
+from headbudget.training.recipes import RECIPE_NAMES, RunConfig, get_preset, parse_overrides  # torch-free
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -51,8 +47,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def resolve(args: argparse.Namespace, device: str = "cpu") -> RunConfig:
     """The run the parsed flags ask for: the recipe's preset, then --set and the gate flags over it."""
     from headbudget.commands.common import parse_exits
-    from headbudget.training.recipes import get_preset, parse_overrides
-    from headbudget.training.trainer import RunConfig
 
     try:
         overrides = parse_overrides(args.overrides)

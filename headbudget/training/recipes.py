@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from types import MappingProxyType
 from typing import Any, get_args, get_type_hints
 
+from headbudget.models.config import Scope
+
 HARD_TEACHERS = ("soft", "dense")
 # Fields added after runs were published: at their defaults they stay out of a run's identity, so those
 # run folders still resume.
@@ -137,6 +139,40 @@ def get_preset(name: str) -> RunPreset:
 def get_recipe(name: str, **overrides: Any) -> Recipe:
     """A preset's recipe by name, with optional field overrides."""
     return replace(get_preset(name).recipe, **overrides)
+
+
+# Fields run.json gained later (the adaptive types, the whole-model scope, layer skipping), left out at the value
+# they had before, so that run folders written before them still resume.
+_ADDED_LATER: dict[str, Any] = {"model_type": "budgeted", "scope": "attention", "exits": []}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The resolved inputs of a run; a resumed run must match them exactly. Torch-free, so that the CLI refuses a
+    bad flag before the training stack loads."""
+
+    base: str
+    data: str
+    recipe: Recipe
+    seed: int = 7
+    structural: bool = False
+    text_column: str = "text"
+    label_column: str = "label"
+    device: str = "cpu"
+    model_type: str = "budgeted"  # or an adaptive type: dense warm start, then its own "adapt" stage
+    scope: Scope = "attention"  # what a budget spans: the heads, or the whole model (GateConfig.scope)
+    exits: tuple[int, ...] = ()  # layer skipping: depths with an exit head (GateConfig.exits)
+
+    def identity(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["recipe"] = {k: v for k, v in self.recipe.to_dict().items()
+                       if not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
+        d.pop("device")  # where it ran does not change what it is
+        d["exits"] = list(d["exits"])
+        for name, value in _ADDED_LATER.items():
+            if d[name] == value:
+                d.pop(name)
+        return d
 
 
 def _parse_bool(value: str) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,7 @@ import torch
 
 from headbudget.models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from headbudget.models.classifier import BudgetedClassifier
-from headbudget.models.config import SCOPES, GateConfig, Scope
+from headbudget.models.config import SCOPES, GateConfig
 from headbudget.models.factory import to_model_type
 from headbudget.models.model_types import model_type
 from headbudget.models.pretrained import Base, from_pretrained, minilm_path, random_init
@@ -21,43 +21,10 @@ from headbudget.models.tokenizer import TextEncoder, copy_tokenizer
 from headbudget.training.batches import TokenizedSplit, tokenize
 from headbudget.training.data import DataError, DataSet, load_data
 from headbudget.training.evaluation import accuracy
-from headbudget.training.recipes import LATER_FIELDS, Recipe
+from headbudget.training.recipes import RunConfig
 from headbudget.training.stages import STAGES, Stage, run_stage
 
 log = logging.getLogger(__name__)
-
-
-# Fields run.json gained later (the adaptive types, the whole-model scope, layer skipping), left out at the value
-# they had before, so that run folders written before them still resume.
-_ADDED_LATER: dict[str, Any] = {"model_type": "budgeted", "scope": "attention", "exits": []}
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """The resolved inputs of a run; a resumed run must match them exactly."""
-
-    base: str
-    data: str
-    recipe: Recipe
-    seed: int = 7
-    structural: bool = False
-    text_column: str = "text"
-    label_column: str = "label"
-    device: str = "cpu"
-    model_type: str = "budgeted"  # or an adaptive type: dense warm start, then its own "adapt" stage
-    scope: Scope = "attention"  # what a budget spans: the heads, or the whole model (GateConfig.scope)
-    exits: tuple[int, ...] = ()  # layer skipping: depths with an exit head (GateConfig.exits)
-
-    def identity(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["recipe"] = {k: v for k, v in self.recipe.to_dict().items()
-                       if not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
-        d.pop("device")  # where it ran does not change what it is
-        d["exits"] = list(d["exits"])
-        for name, value in _ADDED_LATER.items():
-            if d[name] == value:
-                d.pop(name)
-        return d
 
 
 def tokenizer_folder(base: str) -> Path:

@@ -7,35 +7,17 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.conftest import without_torch
 from tests.service.conftest import KEYS, config_dict, engine_factory_available, start_server, toml_of
 
 pytestmark = pytest.mark.slow
 if (_why := engine_factory_available()) is not None:
     pytest.skip(_why, allow_module_level=True)
 
-# Imported by the server's interpreter at start-up (PYTHONPATH): any import of torch raises, so a serving path
-# that needs torch fails to start or answers 5xx, and the test sees it.
-BLOCKER = '''
-import sys
-
-
-class _NoTorch:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch" or name.startswith("torch."):
-            raise ImportError("torch is blocked in this process")
-        return None
-
-
-sys.meta_path.insert(0, _NoTorch())
-'''
-
-
 @pytest.mark.parametrize("workers", [1, 2])
 def test_serve_answers_with_torch_unimportable(tiny_checkpoint: Path, tmp_path: Path, workers: int) -> None:
-    (tmp_path / "blocker").mkdir()
-    (tmp_path / "blocker" / "sitecustomize.py").write_text(BLOCKER)
     with start_server(tiny_checkpoint, toml_of(config_dict()), tmp_path / "srv", workers=workers,
-                      env={"PYTHONPATH": str(tmp_path / "blocker")}) as server:
+                      env=without_torch(tmp_path / "blocker")) as server:
         r = httpx.post(f"{server.url}/classify?budget=0.5", json={"texts": ["one", "two three"]},
                        headers={"X-API-Key": KEYS["quality"]}, timeout=30)
         assert r.status_code == 200, r.text

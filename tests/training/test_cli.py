@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, without_torch
 
 # Measured: the smoke checkpoint's hard accuracy at b = 0.5 on the synthetic test set was 0.966 and 1.000 on
 # this CPU and 0.975 on a GPU (chance is 0.5); 0.85 leaves room for seed and platform noise.
@@ -104,3 +104,15 @@ def test_bad_input_one_line(args: list[str], message: str, smoke_checkpoint: Pat
     lines = [line for line in proc.stderr.splitlines() if line.strip() and "Loading weights" not in line]
     assert len(lines) == 1, proc.stderr
     assert message in lines[0]
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (("--set", "nope=1"), "expected KEY=VALUE"),
+    (("--set", "lr=fast"), "is not a valid float"),
+    (("--scope", "model", "--exits", "x"), "--exits"),
+])
+def test_a_bad_train_flag_is_refused_before_torch_loads(flags: tuple[str, ...], message: str, tmp_path: Path) -> None:
+    proc = run_cli("train", "--base", "tiny", "--data", "synthetic", *flags, "--out", str(tmp_path / "o"),
+                   env=without_torch(tmp_path / "blocker"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr

@@ -19,8 +19,7 @@ import pytest
 from headbudget.cli import build_parser
 from headbudget.commands.train import resolve
 from headbudget.models.config import GateConfig
-from headbudget.training.recipes import LATER_FIELDS, PRESETS, RECIPE_NAMES, RUN_PRESETS
-from headbudget.training.trainer import RunConfig
+from headbudget.training.recipes import LATER_FIELDS, PRESETS, RECIPE_NAMES, RUN_PRESETS, RunConfig
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "ag_news"
 KEPT_SWEEP = RESULTS / "model" / "sweep.json"

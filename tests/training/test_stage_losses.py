@@ -14,9 +14,8 @@ import torch
 from headbudget.models.config import GateConfig
 from headbudget.models.model_types import REGISTRY
 from headbudget.models.pretrained import random_init
-from headbudget.training.recipes import get_recipe, parse_overrides
+from headbudget.training.recipes import RunConfig, get_recipe, parse_overrides
 from headbudget.training.stages import STAGES, Stage, _stage_loss
-from headbudget.training.trainer import RunConfig
 from tests.conftest import run_cli
 
 LABELS = ("a", "b", "c")

@@ -69,8 +69,8 @@ from headbudget.models.tokenizer import TextEncoder, copy_tokenizer
 from headbudget.training.batches import TokenizedSplit, tokenize
 from headbudget.training.data import DataSet, load_data
 from headbudget.training.evaluation import accuracy
-from headbudget.training.recipes import Recipe
-from headbudget.training.trainer import RunConfig, tokenizer_folder, train
+from headbudget.training.recipes import Recipe, RunConfig
+from headbudget.training.trainer import tokenizer_folder, train
 
 log = logging.getLogger(__name__)
 __all__ = ["CompareConfig", "EngineFactory", "Predictor", "run_compare"]
