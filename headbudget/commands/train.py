@@ -6,7 +6,7 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from headbudget.commands.common import CliError, positive_int
+from headbudget.commands.common import CliError, parse_exits, positive_int
 from headbudget.models.config import MODEL_TYPES, SCOPES
 from headbudget.training.recipes import RECIPE_NAMES, RunConfig, get_preset, parse_overrides  # torch-free
 
@@ -46,8 +46,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def resolve(args: argparse.Namespace, device: str = "cpu") -> RunConfig:
     """The run the parsed flags ask for: the recipe's preset, then --set and the gate flags over it."""
-    from headbudget.commands.common import parse_exits
-
     try:
         overrides = parse_overrides(args.overrides)
     except ValueError as e:
