@@ -7,7 +7,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from headbudget.models.config import ModelConfig
-from headbudget.models.dropout import Dropout
 
 
 class GatedSelfAttention(nn.Module):
@@ -26,7 +25,6 @@ class GatedSelfAttention(nn.Module):
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.output = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.attn_dropout = cfg.dropout
-        self.probs_dropout = Dropout(cfg.dropout)  # drawn masks: the probabilities computed here, not by SDPA
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         b, n, _ = x.shape
@@ -37,12 +35,8 @@ class GatedSelfAttention(nn.Module):
     ) -> torch.Tensor:
         """x (B, N, D), attn_bias (B, 1, 1, N) additive, head_gate (B, H) or None -> (B, N, D)."""
         q, k, v = self._split(self.query(x)), self._split(self.key(x)), self._split(self.value(x))
-        if self.training and self.probs_dropout.drawn and self.attn_dropout > 0 and x.device.type == "cpu":
-            probs = ((q @ k.transpose(-1, -2)) * self.head_dim ** -0.5 + attn_bias).softmax(-1)  # (B, H, N, N)
-            y = self.probs_dropout(probs) @ v
-        else:
-            p = self.attn_dropout if self.training else 0.0
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, dropout_p=p)  # (B, H, N, dh)
+        p = self.attn_dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, dropout_p=p)  # (B, H, N, dh)
         if head_gate is not None:
             y = y * head_gate.to(y.dtype)[:, :, None, None]
         b, _, n, _ = y.shape

@@ -9,7 +9,6 @@ from torch import nn
 
 from headbudget.models.budget import GateParams, head_order
 from headbudget.models.config import ModelConfig
-from headbudget.models.dropout import Dropout
 from headbudget.models.encoder import Encoder
 from headbudget.models.plan import BudgetPolicy, soft_cost_weights
 
@@ -62,7 +61,7 @@ class BudgetedClassifier(nn.Module):
         self.cfg = cfg
         self.encoder = Encoder(cfg)
         self.classifier = nn.Linear(cfg.hidden_size, cfg.n_labels)
-        self.dropout = Dropout(cfg.dropout)
+        self.dropout = nn.Dropout(cfg.dropout)
         # Only checkpoints converted from a fine-tuned Hugging Face classifier carry one (cfg.pooler).
         self.pooler = nn.Linear(cfg.hidden_size, cfg.hidden_size) if cfg.pooler != "none" else None
         self.gates = GateController(cfg)

@@ -8,7 +8,6 @@ from torch import nn
 
 from headbudget.models.attention import GatedSelfAttention
 from headbudget.models.config import ModelConfig
-from headbudget.models.dropout import Dropout
 
 
 class Embeddings(nn.Module):
@@ -20,7 +19,7 @@ class Embeddings(nn.Module):
         self.position = nn.Embedding(cfg.max_position, cfg.hidden_size)
         self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = Dropout(cfg.dropout)
+        self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids (B, N) -> (B, N, D)."""
@@ -41,7 +40,7 @@ class EncoderLayer(nn.Module):
         self.intermediate = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
         self.ffn_out = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
         self.ffn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = Dropout(cfg.dropout)
+        self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(
         self, x: torch.Tensor, attn_bias: torch.Tensor, gate: torch.Tensor | None

@@ -13,7 +13,7 @@ HARD_TEACHERS = ("soft", "dense")
 # Fields added after runs were published: at their defaults they stay out of a run's identity, so those
 # run folders still resume.
 LATER_FIELDS = {"hard_teacher": "soft", "hidden_distill": 0.0, "sandwich": False, "fused_sandwich": False,
-                "exit_lr": 1e-3, "drawn_dropout": False}
+                "exit_lr": 1e-3}
 
 
 @dataclass(frozen=True)
@@ -69,9 +69,6 @@ class Recipe:
     # were trained without it and must reproduce exactly.
     length_buckets: bool = False
     sweep_examples: int | None = None  # test examples in the sweep written at the end of training (None = all)
-    # Dropout masks on a CPU drawn by numpy's PCG64 (models/dropout.py), a third of torch's cost there; other
-    # numbers than torch's, so off for the recipes whose checkpoints are published.
-    drawn_dropout: bool = False
 
     def __post_init__(self) -> None:
         if self.hard_teacher not in HARD_TEACHERS:
@@ -95,7 +92,7 @@ PRESETS: dict[str, Recipe] = {
     # MiniLM on ~2,000 examples a stage: a usable checkpoint in minutes on 2 cores.
     "quick": Recipe(
         name="quick", dense_epochs=1, budget_epochs=1, hard_epochs=1, examples_per_stage=2000, batch_size=16,
-        sweep_examples=300, length_buckets=True, drawn_dropout=True,
+        sweep_examples=300, length_buckets=True,
         max_length=128, lr=1e-4, gate_lr=1e-1, val_examples=300, val_budgets=(0.25, 0.5, 1.0),
     ),
     # All training data: the numbers in docs/results.md come from this one.

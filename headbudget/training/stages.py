@@ -15,7 +15,6 @@ import torch.nn.functional as F
 
 from headbudget.models.adaptive import AdaptiveClassifier
 from headbudget.models.classifier import BudgetedClassifier
-from headbudget.models.dropout import draw_dropout_masks
 from headbudget.models.model_types import Stage
 from headbudget.training.batches import TokenizedSplit, batches
 from headbudget.training.evaluation import accuracy, mean_accuracy
@@ -200,7 +199,6 @@ def run_stage(
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
     selection = _Selection(-1.0, copy.deepcopy(model.state_dict()) if evaluates else {}, [])
-    draw_dropout_masks(model, recipe.drawn_dropout)
     bar = Progress(steps, stage)
     # The bar shows a budget only where the loss takes one: the dense and adapt stages draw one they never use
     # (the draw stays, so that a run's random stream, hence its result, is what it was).
