@@ -4,9 +4,9 @@ command gets an answer.
     python -m lab.first_hour --out docs/results/ag_news-quick/first-hour.json
 
 Clones this repository's HEAD beside it (``../shared`` must be there, as CI has it), runs both commands as a user
-would and writes ``first-hour.json``: the CPU and its instruction sets, `make test`'s wall time, its pytest part
-and counts, `make run`'s time to the first answer and its phases (each phase ends where the next command of
-`make run` starts). Nothing here imports headbudget's code under test: it times the commands from outside. On a
+would and writes ``first-hour.json``: the CPU and its instruction sets, `make test`'s wall time, its pytest part,
+its counts and its slowest tests, `make run`'s time to the first answer and its phases (each phase ends where the
+next command of `make run` starts). Nothing here imports headbudget's code under test: it times the commands from outside. On a
 CPU with AMX, `python -m lab.without_amx -- python -m lab.first_hour ...` times them as an AVX-512 VNNI CPU
 without AMX runs them (``amx_refused``).
 """
@@ -67,7 +67,15 @@ def make_test(clone: Path, log: Path) -> dict[str, Any]:
     summary = re.findall(r"(?:(\d+) failed, )?(\d+) passed(?:, (\d+) skipped)?.* in ([\d.]+)s", text)
     failed, passed, skipped, pytest_s = summary[-1] if summary else ("", "0", "", "0")
     return {"make_test_s": round(wall, 1), "pytest_s": float(pytest_s), "exit_code": rc, "passed": int(passed),
-            "failed": int(failed or 0), "skipped": int(skipped or 0)}
+            "failed": int(failed or 0), "skipped": int(skipped or 0), "slowest_s": slowest(text)}
+
+
+_DURATION = re.compile(r"^([\d.]+)s (setup|call|teardown) +(\S.*?)\s*$")
+
+
+def slowest(text: str) -> dict[str, float]:
+    """pytest's ``--durations`` lines of a log, "phase test" -> seconds: where a CPU's time goes."""
+    return {f"{m[2]} {m[3]}": float(m[1]) for m in map(_DURATION.match, text.splitlines()) if m}
 
 
 def make_run(clone: Path, log: Path, timeout_s: float) -> dict[str, Any]:

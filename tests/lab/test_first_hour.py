@@ -3,7 +3,7 @@ shows below the printed curl command."""
 
 from __future__ import annotations
 
-from lab.first_hour import PHASES, _after
+from lab.first_hour import PHASES, _after, slowest
 
 OUTPUT = [
     ".venv/bin/headbudget train --base minilm --data ag_news --recipe quick --out checkpoints/x --seed 7 \\\n",
@@ -32,3 +32,13 @@ def test_nothing_but_the_note_below_the_curl_command() -> None:
     curl = OUTPUT[8].strip()
     assert _after(OUTPUT, curl) == []
     assert _after([*OUTPUT, '{"msg": "request", "path": "/classify"}\n'], curl) == ['{"msg": "request", "path": "/classify"}']
+
+
+def test_the_slowest_tests_are_read_from_make_tests_log() -> None:
+    log = ("....                                  [100%]\n"
+           "============================= slowest 15 durations =============================\n"
+           "61.44s setup    tests/training/test_cli.py::test_smoke_trains_and_sweeps\n"
+           "20.93s call     tests/loadtest/test_run.py::test_bad_input_one_line[args6-does not exist]\n"
+           "1045 passed, 1 skipped in 506.63s (0:08:26)\n")
+    assert slowest(log) == {"setup tests/training/test_cli.py::test_smoke_trains_and_sweeps": 61.44,
+                            "call tests/loadtest/test_run.py::test_bad_input_one_line[args6-does not exist]": 20.93}
