@@ -6,9 +6,9 @@ command gets an answer.
 Clones this repository's HEAD beside it (``../shared`` must be there, as CI has it), runs both commands as a user
 would and writes ``first-hour.json``: the CPU and its instruction sets, `make test`'s wall time, its pytest part,
 its counts and its slowest tests, `make run`'s time to the first answer and its phases (each phase ends where the
-next command of `make run` starts). Nothing here imports headbudget's code under test: it times the commands from outside. On a
-CPU with AMX, `python -m lab.without_amx -- python -m lab.first_hour ...` times them as an AVX-512 VNNI CPU
-without AMX runs them (``amx_refused``).
+next command of `make run` starts). Nothing here imports headbudget's code under test: it times the commands from
+outside. On a CPU with AMX, `python -m lab.without_amx -- python -m lab.first_hour ...` times them as an AVX-512
+VNNI CPU without AMX runs them (``amx_refused``).
 """
 
 from __future__ import annotations
