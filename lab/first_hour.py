@@ -8,7 +8,8 @@ would and writes ``first-hour.json``: the CPU and its instruction sets, `make te
 its counts and its slowest tests, `make run`'s time to the first answer and its phases (each phase ends where the
 next command of `make run` starts). Nothing here imports headbudget's code under test: it times the commands from
 outside. On a CPU with AMX, `python -m lab.without_amx -- python -m lab.first_hour ...` times them as an AVX-512
-VNNI CPU without AMX runs them (``amx_refused``).
+VNNI CPU without AMX runs them (``amx_refused``); on one with AVX-512, `python -m lab.avx2_only -- ...` as an AVX2
+CPU runs them (``avx2_only``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +43,34 @@ PHASES = (("install", re.compile(r"^\S*pip install|^python3 -m venv")),
           ("ready", re.compile(r"headbudget is ready")))
 
 
-def cpu() -> tuple[str, list[str], bool]:
-    """The model name, the instruction sets the commands may use, and whether AMX was refused to them (a CPU with
-    AMX run under `lab.without_amx`: its amx flags are left out)."""
+@dataclass(frozen=True)
+class Cpu:
+    model: str
+    isa: list[str]  # the instruction sets the commands may use
+    amx_refused: bool  # a CPU with AMX run under `lab.without_amx`: its amx flags are left out
+    avx2_only: bool  # a CPU with AVX-512 run under `lab.avx2_only`: only avx2 is left
+
+    @property
+    def wrapper(self) -> str:
+        if self.avx2_only:
+            return "python -m lab.avx2_only -- "
+        return "python -m lab.without_amx -- " if self.amx_refused else ""
+
+
+def cpu() -> Cpu:
     out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model = next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "?")
     flags = next((ln.split(":", 1)[1].split() for ln in out.splitlines() if ln.startswith("Flags")), [])
     isa = [f for f in ISA if f in flags]
+    from numpy._core._multiarray_umath import __cpu_features__  # what CPUID tells this process
+
+    avx2_only = "avx512f" in isa and not __cpu_features__.get("AVX512F", False)
     refused = any(f.startswith("amx") for f in isa) and request_amx() == errno.EPERM
-    return model, [f for f in isa if not (refused and f.startswith("amx"))], refused
+    if avx2_only:
+        isa = [f for f in isa if f == "avx2"]
+    elif refused:
+        isa = [f for f in isa if not f.startswith("amx")]
+    return Cpu(model, isa, refused, avx2_only)
 
 
 def free_port() -> int:
@@ -146,14 +167,14 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(args.clone, ignore_errors=True)
     subprocess.run(["git", "clone", "-q", str(ROOT), str(args.clone)], check=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=args.clone, capture_output=True, text=True).stdout
-    model, isa, amx_refused = cpu()
+    machine = cpu()
     logs = args.out.parent
     logs.mkdir(parents=True, exist_ok=True)
     command = " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    wrapper = "python -m lab.without_amx -- " if amx_refused else ""
-    doc: dict[str, Any] = {"cpu": model, "isa": isa, "amx_refused": amx_refused, "cores": os.cpu_count(),
+    doc: dict[str, Any] = {"cpu": machine.model, "isa": machine.isa, "amx_refused": machine.amx_refused,
+                           "avx2_only": machine.avx2_only, "cores": os.cpu_count(),
                            "commit": commit.strip(), "date": time.strftime("%Y-%m-%d"),
-                           "command": f"{wrapper}python -m lab.first_hour {command}"}
+                           "command": f"{machine.wrapper}python -m lab.first_hour {command}"}
     doc |= make_test(args.clone, Path("/tmp/first-hour-make-test.log"))
     doc |= make_run(args.clone, Path("/tmp/first-hour-make-run.log"), args.run_timeout)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
