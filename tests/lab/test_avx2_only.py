@@ -1,0 +1,96 @@
+"""lab.avx2_only: every Python process the command starts, its threads and its forked children read CPUID with
+AVX-512, VNNI and AMX cleared and nothing else changed; a real crash still reaches Python's faulthandler."""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lab.avx2_only import cpuid_faulting
+
+pytestmark = pytest.mark.skipif(
+    sys.platform != "linux" or platform.machine() != "x86_64" or not cpuid_faulting() or shutil.which("cc") is None,
+    reason="CPUID faulting on Linux x86-64 and a C compiler")
+ROOT = Path(__file__).resolve().parents[2]
+
+# CPUID leaf 7's EBX, ECX and EDX, read by machine code run through ctypes in this process, a thread and a fork:
+# push rbx; mov eax, 7; xor ecx, ecx; cpuid; mov [rdi], ebx; mov [rdi+4], ecx; mov [rdi+8], edx; pop rbx; ret
+_PROBE = """
+import ctypes, mmap, os, threading
+code = bytes.fromhex("53b80700000031c90fa2891f894f04895708" + "5bc3")
+m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+m.write(code)
+leaf7 = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(ctypes.addressof(ctypes.c_char.from_buffer(m)))
+def read():
+    r = (ctypes.c_uint32 * 3)()
+    leaf7(ctypes.addressof(r))
+    return " ".join(str(x) for x in r)
+out = [read()]
+t = threading.Thread(target=lambda: out.append(read())); t.start(); t.join()
+rfd, wfd = os.pipe()
+if os.fork() == 0:
+    os.write(wfd, read().encode()); os._exit(0)
+os.wait()
+out.append(os.read(rfd, 100).decode())
+print("|".join(out))
+"""
+AVX2, BMI2 = 1 << 5, 1 << 8  # leaf 7 EBX
+AVX512F, AVX512BW = 1 << 16, 1 << 30  # EBX
+AVX512_VNNI = 1 << 11  # ECX
+AMX_TILE, AMX_INT8 = 1 << 24, 1 << 25  # EDX
+
+
+def bits(*n: int) -> int:
+    return sum(1 << i for i in n)
+
+
+# everything AVX-512, VNNI or AMX in leaf 7: EBX f dq ifma pf er cd bw vl; ECX vbmi vbmi2 vnni bitalg vpopcntdq;
+# EDX 4vnniw 4fmaps vp2intersect amx_bf16 fp16 amx_tile amx_int8
+CLEARED = (bits(16, 17, 21, 26, 27, 28, 30, 31), bits(1, 6, 11, 12, 14), bits(2, 3, 8, 22, 23, 24, 25))
+
+
+def leaf7(wrapped: bool) -> list[tuple[int, int, int]]:
+    argv = [sys.executable, "-c", _PROBE]
+    if wrapped:
+        argv = [sys.executable, "-m", "lab.avx2_only", "--", *argv]
+    out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return [tuple(int(x) for x in part.split()) for part in out.stdout.strip().split("|")]  # type: ignore[misc]
+
+
+def test_the_process_its_thread_and_its_fork_see_avx512_vnni_and_amx_cleared_and_the_rest_kept() -> None:
+    native, = set(leaf7(wrapped=False))
+    readings = leaf7(wrapped=True)
+    assert len(readings) == 3 and len(set(readings)) == 1  # process, thread, fork
+    ebx, ecx, edx = readings[0]
+    assert ebx & AVX2 and ebx & BMI2
+    assert not ebx & (AVX512F | AVX512BW) and not ecx & AVX512_VNNI and not edx & (AMX_TILE | AMX_INT8)
+    # every other bit is the CPU's own
+    assert all(seen == real & ~mask for seen, real, mask in zip(readings[0], native, CLEARED, strict=True))
+    if "avx512f" in Path("/proc/cpuinfo").read_text().split():
+        assert native[0] & AVX512F  # on this CPU the wrapper had something to clear
+
+
+def test_torch_and_numpy_choose_avx2_kernels() -> None:
+    out = subprocess.run([sys.executable, "-m", "lab.avx2_only", "--check"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("as AVX2 only: AVX2 AVX2")  # torch's level, then numpy's features
+
+
+def test_a_real_crash_still_reaches_faulthandler() -> None:
+    out = subprocess.run([sys.executable, "-m", "lab.avx2_only", "--", sys.executable, "-X", "faulthandler", "-c",
+                          "import ctypes; ctypes.string_at(0)"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == -11 and "Fatal Python error: Segmentation fault" in out.stderr
+
+
+def test_bad_use_is_one_line() -> None:
+    for argv in ([], ["--", "no-such-command-here"]):
+        out = subprocess.run([sys.executable, "-m", "lab.avx2_only", *argv], cwd=ROOT, capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode != 0 and out.stdout == "" and len(out.stderr.strip().splitlines()) == 1
