@@ -65,13 +65,22 @@ def library() -> Path:
     return lib
 
 
-def environment(lib: Path, base: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ if base is None else base)
-    env["LD_PRELOAD"] = " ".join(p for p in (str(lib), env.get("LD_PRELOAD", "")) if p)
+def native_environment() -> dict[str, str]:
+    """This process's environment without the library, for a process that reads the CPU's own CPUID (where a
+    command run under this module runs this module again)."""
+    env = dict(os.environ)
+    kept = [p for p in env.get("LD_PRELOAD", "").split() if not Path(p).name.startswith("avx2_only-")]
+    env["LD_PRELOAD"] = " ".join(kept)
     return env
 
 
-def probe(env: dict[str, str] | None = None) -> str:
+def environment(lib: Path) -> dict[str, str]:
+    env = native_environment()
+    env["LD_PRELOAD"] = " ".join(p for p in (str(lib), env["LD_PRELOAD"]) if p)
+    return env
+
+
+def probe(env: dict[str, str]) -> str:
     r = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, check=True)
     return r.stdout.strip()
 
@@ -90,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     if args.check:
-        print(f"this CPU: {probe()}; as AVX2 only: {probe(environment(lib))}")
+        print(f"this CPU: {probe(native_environment())}; as AVX2 only: {probe(environment(lib))}")
         return 0
     try:
         os.execvpe(args.command[0], args.command, environment(lib))
