@@ -35,6 +35,11 @@ static const uint32_t L7S0_EDX = BIT(2) | BIT(3) | BIT(8) | BIT(22) | BIT(23) | 
 static const uint32_t L7S1_EAX = BIT(4) | BIT(5) | BIT(21) | BIT(23);
 static const uint32_t L7S1_EDX = BIT(4) | BIT(5) | BIT(8) | BIT(10) | BIT(19);
 
+/* "AuthenticAMD" in leaf 0's EBX, EDX, ECX: libraries that choose by vendor (MKL; torch's dropout masks, drawn
+ * by MKL on Intel only) then choose as on an EPYC */
+static int as_amd;
+static const uint32_t AMD_VENDOR[3] = {0x68747541, 0x69746e65, 0x444d4163};
+
 static struct sigaction kept; /* the program's SIGSEGV action, as it believes it is installed */
 static int active;
 static volatile unsigned long emulated;
@@ -45,7 +50,11 @@ static void cpuid_as_avx2(uint32_t leaf, uint32_t sub, uint32_t r[4]) {
     syscall(SYS_arch_prctl, ARCH_SET_CPUID, 1);
     __cpuid_count(leaf, sub, r[0], r[1], r[2], r[3]);
     syscall(SYS_arch_prctl, ARCH_SET_CPUID, 0);
-    if (leaf == 7 && sub == 0) {
+    if (leaf == 0 && as_amd) {
+        r[1] = AMD_VENDOR[0];
+        r[3] = AMD_VENDOR[1];
+        r[2] = AMD_VENDOR[2];
+    } else if (leaf == 7 && sub == 0) {
         r[1] &= ~L7S0_EBX;
         r[2] &= ~L7S0_ECX;
         r[3] &= ~L7S0_EDX;
@@ -121,6 +130,8 @@ __attribute__((constructor)) static void start(void) {
     if (strncmp(base, "python", 6) != 0)
         return;
     real_sigaction = (int (*)(int, const struct sigaction *, struct sigaction *))dlsym(RTLD_NEXT, "sigaction");
+    const char *vendor = getenv("AVX2_ONLY_VENDOR");
+    as_amd = vendor != NULL && strcmp(vendor, "amd") == 0;
     struct sigaction act = {.sa_sigaction = on_segv, .sa_flags = SA_SIGINFO | SA_ONSTACK};
     sigemptyset(&act.sa_mask);
     if (real_sigaction(SIGSEGV, &act, &kept) != 0)

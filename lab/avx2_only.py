@@ -4,7 +4,8 @@
 ONNX Runtime's MLAS, oneDNN, torch and numpy pick their kernels from CPUID. `avx2_only.c`, compiled here with the
 system's C compiler and preloaded into every Python process the command starts, turns on CPUID faulting and
 answers each CPUID with the AVX-512, VNNI (AVX-512 and AVX) and AMX bits cleared, so those libraries take the
-kernels such a CPU runs: int8 products through AVX2's saturating u8 x s8 pairs, fp32 through AVX2 FMA. Needs
+kernels such a CPU runs: int8 products through AVX2's saturating u8 x s8 pairs, fp32 through AVX2 FMA. With
+``--vendor amd`` CPUID names AMD as well, so MKL, which chooses its kernels by vendor too, takes an EPYC's. Needs
 Linux on x86-64 with CPUID faulting (`cpuid_fault` in /proc/cpuinfo: recent Intel CPUs, most VMs on them).
 ``--check`` prints what a Python process sees with and without it and exits.
 """
@@ -23,6 +24,7 @@ from headbudget.cli import OneLineParser
 
 PROG = "python -m lab.avx2_only"
 SOURCE = Path(__file__).with_suffix(".c")
+VENDOR_VARIABLE = "AVX2_ONLY_VENDOR"
 # what a Python process says it may use: torch's kernel level and numpy's view of CPUID
 PROBE = ("import torch; from numpy._core._multiarray_umath import __cpu_features__ as f; "
          "print(torch.backends.cpu.get_cpu_capability(), "
@@ -74,10 +76,18 @@ def native_environment() -> dict[str, str]:
     return env
 
 
-def environment(lib: Path) -> dict[str, str]:
+def environment(lib: Path, vendor: str = "own") -> dict[str, str]:
     env = native_environment()
     env["LD_PRELOAD"] = " ".join(p for p in (str(lib), env["LD_PRELOAD"]) if p)
+    env[VENDOR_VARIABLE] = vendor  # read by avx2_only.c
     return env
+
+
+def vendor_in_effect() -> str | None:
+    """The vendor a process run under this module answers with ("own" or "amd"); None outside it."""
+    if not any(Path(p).name.startswith("avx2_only-") for p in os.environ.get("LD_PRELOAD", "").split()):
+        return None
+    return os.environ.get(VENDOR_VARIABLE, "own")
 
 
 def probe(env: dict[str, str]) -> str:
@@ -88,6 +98,8 @@ def probe(env: dict[str, str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = OneLineParser(prog=PROG, description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="print what a Python process sees, without and with it")
+    ap.add_argument("--vendor", choices=("own", "amd"), default="own",
+                    help="the vendor CPUID names: this CPU's own, or AMD (MKL then runs an EPYC's kernels)")
     ap.add_argument("command", nargs="*", help="the command to run (after --)")
     args = ap.parse_args(argv)
     if not args.check and not args.command:
@@ -99,10 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     if args.check:
-        print(f"this CPU: {probe(native_environment())}; as AVX2 only: {probe(environment(lib))}")
+        print(f"this CPU: {probe(native_environment())}; as AVX2 only: {probe(environment(lib, args.vendor))}")
         return 0
     try:
-        os.execvpe(args.command[0], args.command, environment(lib))
+        os.execvpe(args.command[0], args.command, environment(lib, args.vendor))
     except OSError as e:
         print(f"{PROG}: error: {args.command[0]}: {e.strerror}", file=sys.stderr)
         return 127

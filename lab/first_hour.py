@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from headbudget.cli import OneLineParser
+from lab.avx2_only import vendor_in_effect
 from lab.without_amx import request_amx
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,11 +50,12 @@ class Cpu:
     isa: list[str]  # the instruction sets the commands may use
     amx_refused: bool  # a CPU with AMX run under `lab.without_amx`: its amx flags are left out
     avx2_only: bool  # a CPU with AVX-512 run under `lab.avx2_only`: only avx2 is left
+    vendor: str | None = None  # under `lab.avx2_only`: the vendor CPUID names ("own" or "amd")
 
     @property
     def wrapper(self) -> str:
         if self.avx2_only:
-            return "python -m lab.avx2_only -- "
+            return f"python -m lab.avx2_only --vendor {self.vendor} -- "
         return "python -m lab.without_amx -- " if self.amx_refused else ""
 
 
@@ -70,7 +72,7 @@ def cpu() -> Cpu:
         isa = [f for f in isa if f == "avx2"]
     elif refused:
         isa = [f for f in isa if not f.startswith("amx")]
-    return Cpu(model, isa, refused, avx2_only)
+    return Cpu(model, isa, refused, avx2_only, vendor_in_effect() if avx2_only else None)
 
 
 def free_port() -> int:
@@ -172,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     command = " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     doc: dict[str, Any] = {"cpu": machine.model, "isa": machine.isa, "amx_refused": machine.amx_refused,
-                           "avx2_only": machine.avx2_only, "cores": os.cpu_count(),
+                           "avx2_only": machine.avx2_only, "vendor_as": machine.vendor, "cores": os.cpu_count(),
                            "commit": commit.strip(), "date": time.strftime("%Y-%m-%d"),
                            "command": f"{machine.wrapper}python -m lab.first_hour {command}"}
     doc |= make_test(args.clone, Path("/tmp/first-hour-make-test.log"))

@@ -95,3 +95,28 @@ def test_bad_use_is_one_line() -> None:
         out = subprocess.run([sys.executable, "-m", "lab.avx2_only", *argv], cwd=ROOT, capture_output=True,
                              text=True, timeout=60)
         assert out.returncode != 0 and out.stdout == "" and len(out.stderr.strip().splitlines()) == 1
+
+
+# CPUID leaf 0's vendor string (EBX, EDX, ECX): push rbx; xor eax, eax; xor ecx, ecx; cpuid;
+# mov [rdi], ebx; mov [rdi+4], edx; mov [rdi+8], ecx; pop rbx; ret
+_VENDOR = """
+import ctypes, mmap
+m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+m.write(bytes.fromhex("5331c031c90fa2891f8957048" + "94f085bc3"))
+r = ctypes.create_string_buffer(12)
+ctypes.CFUNCTYPE(None, ctypes.c_void_p)(ctypes.addressof(ctypes.c_char.from_buffer(m)))(ctypes.addressof(r))
+print(r.raw.decode())
+"""
+
+
+def test_vendor_amd_names_amd_and_the_default_keeps_the_cpus_own() -> None:
+    def vendor(*option: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "lab.avx2_only", *option, "--", sys.executable, "-c", _VENDOR],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60, env=native_environment())
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    own = subprocess.run([sys.executable, "-c", _VENDOR], capture_output=True, text=True, timeout=60,
+                         env=native_environment()).stdout.strip()
+    assert own in ("GenuineIntel", "AuthenticAMD")
+    assert vendor() == own and vendor("--vendor", "amd") == "AuthenticAMD"
