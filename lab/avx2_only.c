@@ -8,7 +8,8 @@
  * each Python process the command starts turns it on again when it loads this library. Other programs (redis,
  * prometheus, chromium: no ONNX Runtime, no torch) are left alone. The program's own SIGSEGV handler (Python's
  * faulthandler) is kept aside and called for every fault that is not a CPUID. glibc reads CPUID before this
- * library loads, so its own string functions keep their AVX-512 versions; they compute no numbers. */
+ * library loads, so its own string functions keep their AVX-512 versions; they compute no numbers.
+ * AVX2_ONLY_REPORT=1 prints at exit how many CPUIDs each process had answered (a few dozen: no cost to time). */
 #define _GNU_SOURCE
 #include <cpuid.h>
 #include <dlfcn.h>

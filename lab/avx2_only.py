@@ -53,10 +53,14 @@ def library() -> Path:
         raise Unavailable("no C compiler (cc) to build avx2_only.c")
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "headbudget-lab"
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError:  # a read-only home, as some CI runners have
+        cache = Path(tempfile.gettempdir()) / f"headbudget-lab-{os.getuid()}"
+        cache.mkdir(exist_ok=True)
     lib = cache / f"avx2_only-{digest}.so"
     if lib.exists():
         return lib
-    cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         built = Path(tmp) / lib.name
         r = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-Wl,-z,now", "-o", str(built), str(SOURCE), "-ldl"],
