@@ -120,3 +120,12 @@ def test_vendor_amd_names_amd_and_the_default_keeps_the_cpus_own() -> None:
                          env=native_environment()).stdout.strip()
     assert own in ("GenuineIntel", "AuthenticAMD")
     assert vendor() == own and vendor("--vendor", "amd") == "AuthenticAMD"
+
+
+def test_first_hour_records_the_cpu_a_run_under_it_was_shown() -> None:
+    probe = "from lab.first_hour import cpu; c = cpu(); print(c.avx2_only, c.vendor, ' '.join(c.isa), '|', c.wrapper)"
+    out = subprocess.run([sys.executable, "-m", "lab.avx2_only", "--vendor", "amd", "--", sys.executable, "-c", probe],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60, env=native_environment())
+    assert out.returncode == 0, out.stderr
+    if "avx512f" in Path("/proc/cpuinfo").read_text().split():
+        assert out.stdout.strip() == "True amd avx2 | python -m lab.avx2_only --vendor amd --"
