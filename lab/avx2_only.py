@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from headbudget.cli import OneLineParser
+from lab.script_output import exec_command
 
 PROG = "python -m lab.avx2_only"
 SOURCE = Path(__file__).with_suffix(".c")
@@ -117,12 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         print(f"this CPU: {probe(native_environment())}; as AVX2 only: {probe(environment(lib, args.vendor))}")
         return 0
-    try:
-        os.execvpe(args.command[0], args.command, environment(lib, args.vendor))
-    except OSError as e:
-        print(f"{PROG}: error: {args.command[0]}: {e.strerror}", file=sys.stderr)
-        return 127
-    return 0  # not reached: exec replaced this process
+    return exec_command(PROG, args.command, environment(lib, args.vendor))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-"""What every ``python -m lab.X`` script shares: the latency options (measure_latency's protocol) and the JSON
-document it writes, with the command that made it."""
+"""What every ``python -m lab.X`` script shares: the latency options (measure_latency's protocol), the JSON
+document it writes, with the command that made it, and the exec of the wrappers that run a command as another CPU."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -34,3 +35,14 @@ def check_latency_options(args: argparse.Namespace) -> None:
     """Raise ValueError unless both latency options are positive."""
     if args.latency_texts < 1 or args.latency_repeats < 1:
         raise ValueError("--latency-texts and --latency-repeats must be at least 1")
+
+
+def exec_command(prog: str, command: list[str], env: dict[str, str] | None = None) -> int:
+    """Replace this process with ``command``; only a command that cannot start returns (127, one line)."""
+    try:
+        if env is None:
+            os.execvp(command[0], command)
+        os.execvpe(command[0], command, env)
+    except OSError as e:
+        print(f"{prog}: error: {command[0]}: {e.strerror}", file=sys.stderr)
+    return 127

@@ -16,6 +16,7 @@ import struct
 import sys
 
 from headbudget.cli import OneLineParser
+from lab.script_output import exec_command
 
 PROG = "python -m lab.without_amx"
 _SYS_ARCH_PRCTL = 158
@@ -89,12 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
-    try:
-        os.execvp(args.command[0], args.command)
-    except OSError as e:
-        print(f"{PROG}: error: {args.command[0]}: {e.strerror}", file=sys.stderr)
-        return 127
-    return 0  # not reached: exec replaced this process
+    return exec_command(PROG, args.command)
 
 
 if __name__ == "__main__":
