@@ -26,6 +26,7 @@ from lab.script_output import exec_command
 PROG = "python -m lab.avx2_only"
 SOURCE = Path(__file__).with_suffix(".c")
 VENDOR_VARIABLE = "AVX2_ONLY_VENDOR"
+LIB_PREFIX = "avx2_only-"  # the built library's name, a digest of its source after it
 # what a Python process says it may use: torch's kernel level and numpy's view of CPUID
 PROBE = ("import torch; from numpy._core._multiarray_umath import __cpu_features__ as f; "
          "print(torch.backends.cpu.get_cpu_capability(), "
@@ -59,7 +60,7 @@ def library() -> Path:
     except OSError:  # a read-only home, as some CI runners have
         cache = Path(tempfile.gettempdir()) / f"headbudget-lab-{os.getuid()}"
         cache.mkdir(exist_ok=True)
-    lib = cache / f"avx2_only-{digest}.so"
+    lib = cache / f"{LIB_PREFIX}{digest}.so"
     if lib.exists():
         return lib
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
@@ -76,9 +77,12 @@ def native_environment() -> dict[str, str]:
     """This process's environment without the library, for a process that reads the CPU's own CPUID (where a
     command run under this module runs this module again)."""
     env = dict(os.environ)
-    kept = [p for p in env.get("LD_PRELOAD", "").split() if not Path(p).name.startswith("avx2_only-")]
-    env["LD_PRELOAD"] = " ".join(kept)
+    env["LD_PRELOAD"] = " ".join(p for p in env.get("LD_PRELOAD", "").split() if not _ours(p))
     return env
+
+
+def _ours(preloaded: str) -> bool:
+    return Path(preloaded).name.startswith(LIB_PREFIX)
 
 
 def environment(lib: Path, vendor: str = "own") -> dict[str, str]:
@@ -90,7 +94,7 @@ def environment(lib: Path, vendor: str = "own") -> dict[str, str]:
 
 def vendor_in_effect() -> str | None:
     """The vendor a process run under this module answers with ("own" or "amd"); None outside it."""
-    if not any(Path(p).name.startswith("avx2_only-") for p in os.environ.get("LD_PRELOAD", "").split()):
+    if not any(_ours(p) for p in os.environ.get("LD_PRELOAD", "").split()):
         return None
     return os.environ.get(VENDOR_VARIABLE, "own")
 
