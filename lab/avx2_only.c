@@ -36,8 +36,7 @@ static const uint32_t L7S0_EDX = BIT(2) | BIT(3) | BIT(8) | BIT(22) | BIT(23) | 
 static const uint32_t L7S1_EAX = BIT(4) | BIT(5) | BIT(21) | BIT(23);
 static const uint32_t L7S1_EDX = BIT(4) | BIT(5) | BIT(8) | BIT(10) | BIT(19);
 
-/* "AuthenticAMD" in leaf 0's EBX, EDX, ECX: libraries that choose by vendor (MKL; torch's dropout masks, drawn
- * by MKL on Intel only) then choose as on an EPYC */
+/* "AuthenticAMD" in leaf 0's EBX, EDX, ECX: libraries that choose by vendor (MKL) then choose as on an EPYC */
 static int as_amd;
 static const uint32_t AMD_VENDOR[3] = {0x68747541, 0x69746e65, 0x444d4163};
 

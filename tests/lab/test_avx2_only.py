@@ -54,12 +54,21 @@ def bits(*n: int) -> int:
 CLEARED = (bits(16, 17, 21, 26, 27, 28, 30, 31), bits(1, 6, 11, 12, 14), bits(2, 3, 8, 22, 23, 24, 25))
 
 
+def run(argv: list[str], wrapped: bool = True) -> subprocess.CompletedProcess[str]:
+    """``python -m lab.avx2_only ARGV`` (or ARGV alone). The suite itself may run under lab.avx2_only: started
+    from the CPU's own environment, an unwrapped process reads the CPU's own CPUID either way."""
+    if wrapped:
+        argv = [sys.executable, "-m", "lab.avx2_only", *argv]
+    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, env=native_environment())
+
+
+def has_avx512() -> bool:
+    return "avx512f" in Path("/proc/cpuinfo").read_text().split()
+
+
 def leaf7(wrapped: bool) -> list[tuple[int, int, int]]:
     argv = [sys.executable, "-c", _PROBE]
-    if wrapped:
-        argv = [sys.executable, "-m", "lab.avx2_only", "--", *argv]
-    # the suite itself may run under lab.avx2_only: the unwrapped reading is the CPU's own either way
-    out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, env=native_environment())
+    out = run(["--", *argv] if wrapped else argv, wrapped)
     assert out.returncode == 0, out.stderr
     return [tuple(int(x) for x in part.split()) for part in out.stdout.strip().split("|")]  # type: ignore[misc]
 
@@ -73,27 +82,24 @@ def test_the_process_its_thread_and_its_fork_see_avx512_vnni_and_amx_cleared_and
     assert not ebx & (AVX512F | AVX512BW) and not ecx & AVX512_VNNI and not edx & (AMX_TILE | AMX_INT8)
     # every other bit is the CPU's own
     assert all(seen == real & ~mask for seen, real, mask in zip(readings[0], native, CLEARED, strict=True))
-    if "avx512f" in Path("/proc/cpuinfo").read_text().split():
+    if has_avx512():
         assert native[0] & AVX512F  # on this CPU the wrapper had something to clear
 
 
 def test_torch_and_numpy_choose_avx2_kernels() -> None:
-    out = subprocess.run([sys.executable, "-m", "lab.avx2_only", "--check"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
+    out = run(["--check"])
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("as AVX2 only: AVX2 AVX2")  # torch's level, then numpy's features
 
 
 def test_a_real_crash_still_reaches_faulthandler() -> None:
-    out = subprocess.run([sys.executable, "-m", "lab.avx2_only", "--", sys.executable, "-X", "faulthandler", "-c",
-                          "import ctypes; ctypes.string_at(0)"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    out = run(["--", sys.executable, "-X", "faulthandler", "-c", "import ctypes; ctypes.string_at(0)"])
     assert out.returncode == -11 and "Fatal Python error: Segmentation fault" in out.stderr
 
 
 def test_bad_use_is_one_line() -> None:
     for argv in ([], ["--", "no-such-command-here"]):
-        out = subprocess.run([sys.executable, "-m", "lab.avx2_only", *argv], cwd=ROOT, capture_output=True,
-                             text=True, timeout=60)
+        out = run(argv)
         assert out.returncode != 0 and out.stdout == "" and len(out.stderr.strip().splitlines()) == 1
 
 
@@ -110,22 +116,19 @@ print(r.raw.decode())
 
 
 def test_vendor_amd_names_amd_and_the_default_keeps_the_cpus_own() -> None:
-    def vendor(*option: str) -> str:
-        out = subprocess.run([sys.executable, "-m", "lab.avx2_only", *option, "--", sys.executable, "-c", _VENDOR],
-                             cwd=ROOT, capture_output=True, text=True, timeout=60, env=native_environment())
+    def vendor(*wrapper: str) -> str:  # no wrapper: the CPU's own
+        out = run([*wrapper, sys.executable, "-c", _VENDOR], wrapped=bool(wrapper))
         assert out.returncode == 0, out.stderr
         return out.stdout.strip()
 
-    own = subprocess.run([sys.executable, "-c", _VENDOR], capture_output=True, text=True, timeout=60,
-                         env=native_environment()).stdout.strip()
+    own = vendor()
     assert own in ("GenuineIntel", "AuthenticAMD")
-    assert vendor() == own and vendor("--vendor", "amd") == "AuthenticAMD"
+    assert vendor("--") == own and vendor("--vendor", "amd", "--") == "AuthenticAMD"
 
 
 def test_first_hour_records_the_cpu_a_run_under_it_was_shown() -> None:
     probe = "from lab.first_hour import cpu; c = cpu(); print(c.avx2_only, c.vendor, ' '.join(c.isa), '|', c.wrapper)"
-    out = subprocess.run([sys.executable, "-m", "lab.avx2_only", "--vendor", "amd", "--", sys.executable, "-c", probe],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60, env=native_environment())
+    out = run(["--vendor", "amd", "--", sys.executable, "-c", probe])
     assert out.returncode == 0, out.stderr
-    if "avx512f" in Path("/proc/cpuinfo").read_text().split():
+    if has_avx512():
         assert out.stdout.strip() == "True amd avx2 | python -m lab.avx2_only --vendor amd --"
