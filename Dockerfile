@@ -22,17 +22,22 @@ RUN apt-get update \
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 
-# torch first, from the CPU-only index: the project's `torch==2.13.0` is then already met and pip never pulls
-# the multi-GB CUDA build.
-RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
-
-# Dependencies in their own layer (read from pyproject.toml), so code changes do not reinstall them: the base
-# (client) dependencies and the `serve` and `torch` extras, which are what `headbudget serve` imports for every
-# checkpoint type (torch: `--backend torch` and the adaptive types). Training, plots and tests stay out.
+# Versions and hashes from the project's lock (requirements/main.txt, the file `make install` and CI install): the
+# base (client) dependencies and the `serve` and `torch` extras, which are what `headbudget serve` imports for every
+# checkpoint type (torch: `--backend torch` and the adaptive types); training, plots and tests stay out. The lock
+# is uv's constraints file, so each package is the locked version and its download must match a locked hash. torch
+# is the CPU wheel, downloaded from the CPU-only index under the lock's version (its hash is locked too); nothing
+# pulls the multi-GB CUDA build. In their own layer, so code changes do not reinstall them.
 COPY pyproject.toml /src/pyproject.toml
-RUN python -c "import tomllib; p = tomllib.load(open('/src/pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['serve'] + p['optional-dependencies']['torch']))" \
+COPY requirements/main.txt /src/requirements/main.txt
+RUN pip install "$(grep -o '^uv==[^ ]*' /src/requirements/main.txt)" \
+    && pip download --no-deps -d /tmp/wheels "$(grep -o '^torch==[^ ]*' /src/requirements/main.txt)" \
+        --index-url https://download.pytorch.org/whl/cpu \
+    && python -c "import tomllib; p = tomllib.load(open('/src/pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['serve'] + p['optional-dependencies']['torch']))" \
         > /tmp/requirements.txt \
-    && pip install -r /tmp/requirements.txt
+    && uv pip install --no-cache --python /opt/venv/bin/python -r /tmp/requirements.txt \
+        -c /src/requirements/main.txt --verify-hashes --find-links /tmp/wheels \
+    && pip uninstall -y uv && rm -rf /tmp/wheels
 
 COPY README.md LICENSE /src/
 COPY headbudget /src/headbudget

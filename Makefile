@@ -32,26 +32,54 @@ SCOPE ?= model
 # built once for all workers (tests/conftest.py, built_once).
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -lt 8 ] && echo $$((n + 1)) || echo 8)
 
-.PHONY: install system-deps test test-as-epyc lint run train sweep bench serve clean
+.PHONY: install lock system-deps test test-as-epyc lint run train sweep bench serve clean
 
-$(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
-
-# torch pinned to the CPU build wherever pip's configuration finds it (pip chooses the wheel, so that nothing later
-# pulls the CUDA build), then every extra, by uv where it installs: uv installs that wheel with the extras (it
-# resolves, downloads and unpacks in parallel: pip took 25 s to install the torch wheel alone, uv 4 s), else pip
-# installs both. A bare `pip install headbudget` is only the HTTP client (pyproject.toml says what each extra holds).
-EXTRAS ?= serve,train,minilm,loadtest,dev
-TORCH ?= torch==2.13.0
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q --disable-pip-version-check uv || true
+# Every package comes from a committed lock (requirements/main.txt: versions and hashes, resolved by uv from
+# pyproject.toml's extras), so a fresh clone installs what was tested, whatever the registry released since. The
+# install fails in one line when the lock is stale against pyproject.toml (requirements/lock.py check); `make lock`
+# resolves again. torch is the CPU wheel that pip's configuration finds under the lock's version (its hash is in the
+# lock, so the CUDA build, or any other file, fails the install); uv then makes the venv exactly the lock (sync
+# removes what it does not list) and adds the project itself without dependencies. Where uv cannot be installed,
+# pip installs the same hashed file.
+LOCK := requirements/main.txt
+LOCKED = $(shell sed -n 's/^$(1)==\([^ ]*\).*/\1/p' $(2))
+TORCH ?= torch==$(call LOCKED,torch,$(LOCK))
+UV := uv==$(call LOCKED,uv,$(LOCK))
+# $(call locked-venv,VENV,LOCK,EDITABLE): the venv at VENV made exactly LOCK, by the project venv's uv (locked too).
+define locked-venv
+	[ -x $(1)/bin/python ] || $(PYTHON) -m venv $(1)
+	[ -x $(BIN)/uv ] || $(BIN)/python -m pip install -q --disable-pip-version-check "$(UV)" || true
+	wheels=$$(mktemp -d) && $(PYTHON) -m pip download -q --disable-pip-version-check --no-deps -d $$wheels "$(TORCH)" && \
 	if [ -x $(BIN)/uv ]; then \
-	  wheels=$$(mktemp -d) && $(BIN)/pip download -q --disable-pip-version-check --no-deps -d $$wheels "$(TORCH)" && \
-	  $(BIN)/uv pip install -q --python $(BIN)/python $$wheels/*.whl -e ".[$(EXTRAS)]"; rc=$$?; rm -rf $$wheels; \
-	  exit $$rc; \
-	else $(BIN)/pip install -q --disable-pip-version-check "$(TORCH)" && \
-	  $(BIN)/pip install -q --disable-pip-version-check -e ".[$(EXTRAS)]"; fi
+	  $(BIN)/uv pip sync -q --python $(1)/bin/python --find-links $$wheels $(2) && \
+	  { [ -z "$(3)" ] || $(BIN)/uv pip install -q --python $(1)/bin/python --no-deps -e $(3); }; \
+	else $(1)/bin/python -m pip install -q --disable-pip-version-check --require-hashes --find-links $$wheels -r $(2) && \
+	  { [ -z "$(3)" ] || $(1)/bin/python -m pip install -q --disable-pip-version-check --no-deps -e $(3); }; fi; \
+	rc=$$?; rm -rf $$wheels; exit $$rc
+endef
+
+$(STAMP): pyproject.toml $(LOCK) requirements/lock.py
+	@$(PYTHON) requirements/lock.py check
+	$(call locked-venv,$(VENV),$(LOCK),.)
 	touch $(STAMP)
+
+# The export check's environment: optimum-onnx with ONNX Runtime and the CPU torch (requirements/optimum.txt; its
+# transformers < 4.58 cannot share .venv with training's 5). tests/engine/test_export.py runs optimum in it.
+OPTIMUM_VENV := .venv-optimum
+$(OPTIMUM_VENV)/.installed: pyproject.toml requirements/optimum.txt requirements/lock.py | $(STAMP)
+	@$(PYTHON) requirements/lock.py check
+	$(call locked-venv,$(OPTIMUM_VENV),requirements/optimum.txt,)
+	touch $@
+
+# New releases on purpose: resolve every lock again with the newest versions pyproject.toml allows, print the pins
+# that changed, then run the suite on them. Commit the locks when it is green.
+lock:
+	[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
+	[ -x $(BIN)/uv ] || $(BIN)/python -m pip install -q --disable-pip-version-check uv
+	wheels=$$(mktemp -d) && \
+	$(PYTHON) -m pip download -q --disable-pip-version-check --no-deps -d $$wheels "$$($(PYTHON) requirements/lock.py torch)" && \
+	$(PYTHON) requirements/lock.py write --upgrade --find-links $$wheels --uv $(BIN)/uv; rc=$$?; rm -rf $$wheels; exit $$rc
+	$(MAKE) test
 
 install: $(STAMP)
 
@@ -74,7 +102,7 @@ system-deps:
 # (ruff, the import contracts, mypy on the serving packages) fail the suite. mypy runs beside the suite, its output
 # shown after it: cold, it takes 20 s of one core, which the suite's workers share instead of waiting for it.
 MYPY := $(BIN)/mypy -p headbudget.engine -p headbudget.service
-test: install system-deps
+test: install $(OPTIMUM_VENV)/.installed system-deps
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	@echo "$(MYPY) (beside the suite)"

@@ -4,6 +4,7 @@ with the engine's logits."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -60,13 +61,14 @@ def bare_logits(folder: Path, alone: bool) -> np.ndarray:
     return np.array(json.loads(proc.stdout))
 
 
-def engine_logits(checkpoint: Path, budget: float, precision: str, cache: Path, alone: bool) -> np.ndarray:
-    """The engine's logits for TEXTS, as one batch (which it runs in passes by length) or each text ``alone``."""
+def engine_logits(checkpoint: Path, budget: float, precision: str, cache: Path, alone: bool,
+                  texts: list[str] = TEXTS) -> np.ndarray:
+    """The engine's logits for ``texts``, as one batch (which it runs in passes by length) or each text ``alone``."""
     engine = load_engine(checkpoint, EngineOptions(precision=precision, cache_dir=cache))  # type: ignore[arg-type]
     try:
-        predictions = [p for t in TEXTS for p in engine.predict([t], budget).predictions] if alone \
-            else engine.predict(TEXTS, budget).predictions
-        assert [p.truncated for p in predictions] == [False, False, False, True]
+        predictions = [p for t in texts for p in engine.predict([t], budget).predictions] if alone \
+            else engine.predict(texts, budget).predictions
+        assert [p.truncated for p in predictions] == [len(t) > 1000 for t in texts]
         return np.array([p.logits for p in predictions])
     finally:
         engine.close()
@@ -105,22 +107,45 @@ def test_the_dense_folder_loads_as_a_stock_hugging_face_classifier(minilm_shaped
     assert [o.name for o in graph.output] == ["logits"]
 
 
-def test_optimum_answers_the_engines_labels(minilm_shaped_checkpoint: Path, tmp_path: Path) -> None:
-    """Where optimum is installed: ORTModelForSequenceClassification (what Infinity's optimum engine runs) loads
-    the exported dense folder and labels the texts as the engine does at b = 1."""
-    optimum = pytest.importorskip("optimum.onnxruntime")
-    from transformers import AutoTokenizer
+# Runs in the optimum environment (.venv-optimum, requirements/optimum.txt: optimum-onnx with ONNX Runtime, which
+# needs transformers < 4.58, so it cannot share the project's): what Infinity's optimum engine does with a folder.
+OPTIMUM = """
+import json, sys
+import numpy as np
+from optimum.onnxruntime import ORTModelForSequenceClassification
+from transformers import AutoTokenizer
+folder, texts = sys.argv[1], json.loads(sys.argv[2])
+model = ORTModelForSequenceClassification.from_pretrained(folder)
+tokenizer = AutoTokenizer.from_pretrained(folder)
+batch = tokenizer(texts, padding=True, return_tensors="np", return_token_type_ids=False)
+logits = np.asarray(model(**batch).logits)
+print(json.dumps({"logits": logits.tolist(), "labels": [model.config.id2label[int(i)] for i in logits.argmax(1)]}))
+"""
+OPTIMUM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-optimum" / "bin" / "python"
 
+
+def optimum_python() -> Path:
+    """The optimum environment's interpreter; `make test` builds it, so only a bare pytest run skips."""
+    if not OPTIMUM_PYTHON.exists():
+        pytest.skip("no .venv-optimum: `make test` (or `make .venv-optimum/.installed`) builds it")
+    return OPTIMUM_PYTHON
+
+
+def test_optimum_answers_the_engines_labels(minilm_shaped_checkpoint: Path, tmp_path: Path) -> None:
+    """ORTModelForSequenceClassification (what Infinity's optimum engine runs) loads the exported dense folder,
+    unchanged, and answers with the engine's b = 1 labels and logits."""
     out = tmp_path / "dense"
     assert run_cli("export", "--model", str(minilm_shaped_checkpoint), "--out", str(out)).returncode == 0
-    model = optimum.ORTModelForSequenceClassification.from_pretrained(out)
-    tokenizer = AutoTokenizer.from_pretrained(out)
     short = TEXTS[:3]  # the fourth is past the token limit, where truncation rules differ
-    logits = model(**tokenizer(short, padding=True, return_tensors="np", return_token_type_ids=False)).logits
-    want = engine_logits(minilm_shaped_checkpoint, 1.0, "fp32", tmp_path / "cache")[:3]
-    assert [model.config.id2label[int(i)] for i in np.asarray(logits).argmax(1)] == \
-        [model.config.id2label[int(i)] for i in want.argmax(1)]
-    np.testing.assert_allclose(np.asarray(logits), want, atol=1e-4, rtol=0)
+    env = {"PATH": os.environ.get("PATH", ""), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([str(optimum_python()), "-c", OPTIMUM, str(out), json.dumps(short)], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    _, cfg = checkpoint_config(minilm_shaped_checkpoint)
+    want = engine_logits(minilm_shaped_checkpoint, 1.0, "fp32", tmp_path / "cache", alone=False, texts=short)
+    assert got["labels"] == [cfg.labels[int(i)] for i in want.argmax(1)]
+    np.testing.assert_allclose(np.array(got["logits"]), want, atol=1e-4, rtol=0)
 
 
 def test_only_the_kept_heads_are_in_the_file(minilm_shaped_checkpoint: Path, tmp_path: Path) -> None:

@@ -85,18 +85,26 @@ def test_multi_stage_with_build_tools_only_in_the_build_stage() -> None:
     assert re.match(r"\$\{PYTHON_IMAGE\} AS build$", build[0][1]) and runtime[0][1].endswith("AS runtime")
     build_runs = " ".join(a for i, a in build if i == "RUN")
     assert "build-essential" in build_runs
-    assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in build_runs
+    assert "--index-url https://download.pytorch.org/whl/cpu" in build_runs
     runtime_runs = " ".join(a for i, a in runtime if i == "RUN")
     for tool in ("build-essential", "gcc", "g++", "make ", "apt-get install", "pip install"):
         assert tool not in runtime_runs, f"final stage installs {tool!r}"
     assert ("COPY", "--from=build /opt/venv /opt/venv") in runtime
 
 
-def test_torch_is_installed_before_the_project_pins_it() -> None:
-    runs = [a for i, a in stages()[0] if i == "RUN"]
-    torch_at = next(n for n, a in enumerate(runs) if "download.pytorch.org/whl/cpu" in a)
-    deps_at = next(n for n, a in enumerate(runs) if "requirements.txt" in a)
-    assert torch_at < deps_at
+def test_dependencies_come_from_the_projects_lock() -> None:
+    """The image installs what `make install` installs: the lock as constraints with its hashes, and torch as the
+    CPU wheel of the lock's version (no resolution of its own, no CUDA build)."""
+    build = stages()[0]
+    assert ("COPY", "requirements/main.txt /src/requirements/main.txt") in build
+    run = next(a for i, a in build if i == "RUN" and "uv pip install" in a)
+    assert "-c /src/requirements/main.txt --verify-hashes --find-links /tmp/wheels" in run
+    download = run.index("pip download --no-deps -d /tmp/wheels")
+    assert download < run.index("uv pip install") and "grep -o '^torch==[^ ]*' /src/requirements/main.txt" in run
+    lock = (ROOT / "requirements" / "main.txt").read_text()
+    for pin in ("uv", "torch"):  # what the greps find in the real lock
+        assert re.search(rf"^{pin}==\S+ \\$", lock, re.MULTILINE), pin
+    assert re.search(r"^torch==\S+\+cpu ", lock, re.MULTILINE)
 
 
 def test_runtime_stage_is_non_root_with_healthcheck_and_entrypoint() -> None:
