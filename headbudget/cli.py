@@ -11,6 +11,7 @@ import textwrap
 from collections.abc import Sequence
 
 from headbudget.commands.common import USER_ERRORS, CliError
+from headbudget.commands.parser import OneLineParser
 from headbudget.extras import missing_extra
 
 # Each module exposes ``register(subparsers)``; handlers import heavy libraries lazily so --help is fast.
@@ -25,13 +26,6 @@ GROUPS = (
     ("serve it over HTTP", ("serve", "keys", "usage")),
     ("use it directly", ("predict", "export")),
 )
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a bad argument in one line (plus exit 2) instead of usage + error."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _command_list(helps: dict[str, str]) -> str:

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from headbudget.cli import OneLineParser
+from headbudget.commands.parser import OneLineParser
 from headbudget.experiments.bench import code_commit, cpu_name
 from headbudget.loadtest.fairness import long_texts
 from headbudget.loadtest.refusal_cost import CASES

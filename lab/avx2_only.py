@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from headbudget.cli import OneLineParser
+from headbudget.commands.parser import OneLineParser
 from lab.script_output import exec_command
 
 PROG = "python -m lab.avx2_only"

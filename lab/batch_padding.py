@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from headbudget.cli import OneLineParser
+from headbudget.commands.parser import OneLineParser
 from headbudget.engine import passes
 from headbudget.engine.base import EngineBase, pad
 from headbudget.engine.factory import load_engine

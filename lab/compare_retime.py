@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from headbudget.cli import OneLineParser
+from headbudget.commands.parser import OneLineParser
 from headbudget.experiments import baselines
 from headbudget.experiments.compare.measure import EngineFactory, engine_factory, measure_latency
 from headbudget.experiments.latency_placement import placement

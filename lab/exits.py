@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from headbudget.cli import OneLineParser
+from headbudget.commands.parser import OneLineParser
 from headbudget.engine.factory import load_engine
 from headbudget.engine.types import EngineOptions
 from headbudget.experiments.latency_placement import at_latency

@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from headbudget.cli import OneLineParser
+from headbudget.commands.parser import OneLineParser
 from headbudget.experiments.bench import code_commit, cpu_name
 from headbudget.loadtest.fairness import local_redis, to_toml
 from headbudget.loadtest.service_bench import Server

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from headbudget.cli import OneLineParser
+from headbudget.commands.parser import OneLineParser
 from headbudget.experiments.compare.measure import engine_factory, measure_latency
 from headbudget.experiments.latency_placement import placement
 from headbudget.models.config import parse_exits

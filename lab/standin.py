@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from headbudget.cli import OneLineParser
+from headbudget.commands.parser import OneLineParser
 from headbudget.experiments.compare.measure import engine_factory, measure_latency
 from headbudget.models.checkpoint import save_checkpoint
 from headbudget.models.checkpoint_meta import STANDIN, CheckpointError, read_config, standin_of

@@ -15,7 +15,7 @@ import os
 import struct
 import sys
 
-from headbudget.cli import OneLineParser
+from headbudget.commands.parser import OneLineParser
 from lab.script_output import exec_command
 
 PROG = "python -m lab.without_amx"

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from headbudget.cli import OneLineParser
+from headbudget.commands.parser import OneLineParser
 from headbudget.loadtest.service_bench import CONFIG, Server, bench_texts, pct, post_classify
 from headbudget.models.budget import BUDGET_GRID
 

@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 import psutil
 
-from headbudget.cli import OneLineParser
+from headbudget.commands.parser import OneLineParser
 from headbudget.experiments.bench import cpu_name
 from headbudget.loadtest.service_bench import (
     CONFIG,

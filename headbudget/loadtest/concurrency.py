@@ -30,8 +30,8 @@ from urllib.parse import urlsplit
 import httpx
 import psutil
 
-from headbudget.cli import OneLineParser
 from headbudget.commands.common import budget_arg
+from headbudget.commands.parser import OneLineParser
 from headbudget.experiments.bench import code_commit, cpu_name
 from headbudget.loadtest import wire
 from headbudget.loadtest.service_bench import pct, tree_cpu_s

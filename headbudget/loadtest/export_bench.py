@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from headbudget.cli import OneLineParser
+from headbudget.commands.parser import OneLineParser
 from headbudget.engine.base import pad
 from headbudget.engine.factory import load_engine
 from headbudget.engine.onnx.export import MODEL_FILE, export_onnx

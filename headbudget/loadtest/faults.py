@@ -35,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from headbudget.cli import OneLineParser
+from headbudget.commands.parser import OneLineParser
 from headbudget.loadtest.fairness import server_config, to_toml
 from headbudget.loadtest.service_bench import free_port
 from headbudget.service.auth import new_key

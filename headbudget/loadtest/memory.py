@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from headbudget.cli import OneLineParser
+from headbudget.commands.parser import OneLineParser
 from headbudget.loadtest.service_bench import Server
 from headbudget.service.auth import hash_key
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from headbudget.cli import OneLineParser
+from headbudget.commands.parser import OneLineParser
 from headbudget.experiments.bench import code_commit, cpu_name
 from headbudget.loadtest import wire
 from headbudget.loadtest.fairness import long_texts, to_toml

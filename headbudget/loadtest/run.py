@@ -29,8 +29,8 @@ from typing import Any
 
 import httpx
 
-from headbudget.cli import OneLineParser
 from headbudget.client import Client, HeadbudgetError
+from headbudget.commands.parser import OneLineParser
 from headbudget.loadtest.mix import KEY_ENV, LABELS_ENV, TIERS
 
 log = logging.getLogger("headbudget.loadtest")

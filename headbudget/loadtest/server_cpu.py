@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from headbudget.cli import OneLineParser
+from headbudget.commands.parser import OneLineParser
 from headbudget.experiments.bench import code_commit, cpu_name
 from headbudget.loadtest.capacity import mixed_config
 from headbudget.loadtest.service_bench import (

@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from headbudget.cli import OneLineParser
+from headbudget.commands.parser import OneLineParser
 
 CONFIG = """
 [server]

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from headbudget.cli import OneLineParser
+from headbudget.commands.parser import OneLineParser
 from headbudget.engine.adaptive.backend import AdaptiveEngine
 from headbudget.engine.adaptive.cost import usage_cost
 from headbudget.engine.errors import ModelLoadError

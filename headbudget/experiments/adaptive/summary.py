@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from headbudget.cli import OneLineParser
+from headbudget.commands.parser import OneLineParser
 from headbudget.engine.errors import EngineError
 from headbudget.models.model_types import adaptive_types, model_type
 
