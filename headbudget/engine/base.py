@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from headbudget.engine import passes
-from headbudget.engine.decider import PredictorPoint, passes_cost, pooled_features, run_auto
+from headbudget.engine.decider import PredictorPoint, passes_cost, pooled_features, read_decider, run_auto
 from headbudget.engine.errors import BudgetError, InputError, ModelLoadError
 from headbudget.engine.meter import TokenMeter
 from headbudget.engine.types import (
@@ -26,6 +27,7 @@ from headbudget.engine.types import (
 )
 from headbudget.engine.weights.store import Embeddings
 from headbudget.models.config import ModelConfig
+from headbudget.models.model_types import model_type
 from headbudget.models.plan import Shape, uniform_plan
 from headbudget.models.tokenizer import TextEncoder
 
@@ -83,6 +85,17 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)  # type: ignore[no-any-return]
 
 
+def with_decider(model_dir: Path, info: ModelInfo) -> ModelInfo:
+    """``info`` with the decider.json ``model_dir`` holds now; as it is when that file is missing or unusable (a
+    running decider is not taken away), or when the model type takes none."""
+    if not model_type(info.model_type).static_plans:
+        return info
+    decider = read_decider(Path(model_dir), info.checksum, info.labels)
+    if decider is None or decider == info.decider:
+        return info
+    return replace(info, decider=decider, supports_auto=True)
+
+
 class EngineBase:
     """Tokenization, budgets and answers; a backend implements ``make_plan`` and ``forward_ids``."""
 
@@ -109,9 +122,6 @@ class EngineBase:
         self._costs: dict[tuple[float, int], Cost] = {}  # (budget, tokens) -> one pass's cost (a decider's auto)
 
     def reload_decider(self) -> ModelInfo:
-        # Imported here: the factory imports the backends, which import this module.
-        from headbudget.engine.factory import with_decider
-
         self.info = with_decider(self.model_dir, self.info)
         return self.info
 

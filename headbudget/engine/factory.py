@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -59,17 +58,6 @@ def model_info(model_dir: Path, options: EngineOptions) -> ModelInfo:
         extra={"backend": backend, "precision": options.precision, "prepack": options.prepack,
                "structural": cfg.gate.structural, "hidden_size": cfg.hidden_size},
     )
-
-
-def with_decider(model_dir: Path, info: ModelInfo) -> ModelInfo:
-    """``info`` with the decider.json ``model_dir`` holds now; as it is when that file is missing or unusable (a
-    running decider is not taken away), or when the model type takes none."""
-    if not model_type(info.model_type).static_plans:
-        return info
-    decider = read_decider(Path(model_dir), info.checksum, info.labels)
-    if decider is None or decider == info.decider:
-        return info
-    return replace(info, decider=decider, supports_auto=True)
 
 
 def load_engine(model_dir: Path, options: EngineOptions) -> Engine:
