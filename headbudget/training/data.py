@@ -7,48 +7,15 @@ import hashlib
 import json
 import os
 import random
-from dataclasses import dataclass
 from pathlib import Path
 
+# re-exported: what the loaders return and raise
+from headbudget.training.dataset import DataError as DataError
+from headbudget.training.dataset import DataSet as DataSet
+from headbudget.training.dataset import Split as Split
+from headbudget.training.synthetic import synthetic_dataset
+
 SPLIT_FILES = ("csv", "tsv", "jsonl")
-
-
-class DataError(ValueError):
-    """Data that cannot be used: missing files or columns, empty sets, labels unseen in training."""
-
-
-@dataclass(frozen=True)
-class Split:
-    """Texts and integer labels (indices into ``DataSet.labels``)."""
-
-    texts: list[str]
-    labels: list[int]
-
-    def __len__(self) -> int:
-        return len(self.texts)
-
-    def take(self, n: int | None) -> Split:
-        """The first ``n`` examples (all when ``n`` is None)."""
-        return self if n is None or n >= len(self) else Split(self.texts[:n], self.labels[:n])
-
-
-@dataclass(frozen=True)
-class DataSet:
-    """train / validation (seeded split of train) / test, with the label names and a content fingerprint."""
-
-    name: str
-    labels: tuple[str, ...]
-    train: Split
-    validation: Split
-    test: Split
-    fingerprint: str
-
-    def split(self, name: str) -> Split:
-        """A split by name: train, validation (alias val) or test."""
-        table = {"train": self.train, "validation": self.validation, "val": self.validation, "test": self.test}
-        if name not in table:
-            raise DataError(f"unknown split {name!r}; expected train, validation or test")
-        return table[name]
 
 
 def data_roots() -> list[Path]:
@@ -182,8 +149,6 @@ def load_data(
 ) -> DataSet:
     """Resolve ``spec``: 'synthetic', a folder path, a data set name under the data roots, or a HF name."""
     if spec == "synthetic":
-        from headbudget.training.synthetic import synthetic_dataset
-
         return synthetic_dataset(n_train=synthetic_size, seed=seed)
     path = Path(spec)
     if path.is_dir():

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import random
 
-from headbudget.training.data import DataSet, Split
+from headbudget.training.dataset import DataSet, Split
 
 # Words that are single tokens in the BERT uncased vocabulary, so the text round-trips through the tokenizer.
 WORDS = ("red", "blue", "green", "black", "white", "brown", "pink", "gray")
