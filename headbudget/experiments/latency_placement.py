@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from headbudget.experiments.compare.report import _pm, _stats
+from headbudget.experiments.compare.report import _pm, _stats, aggregate, spearman_lines, write_json
 
 SMALL = ("layerdrop", "ffn-half")
 TARGETS = (*SMALL, "attention-only")
@@ -146,8 +146,6 @@ def _cost_lines(doc: dict[str, Any]) -> list[str]:
 
 def markdown(doc: dict[str, Any]) -> str:
     """compare.md for the whole-model scope: methods by latency, the budgeted curve at each baseline's latency."""
-    from headbudget.experiments.compare.report import spearman_lines
-
     seeds = ", ".join(str(s) for s in doc["seeds"])
     lat = doc.get("latency")
     out = [f"## {doc['dataset']}: the whole-model budget against its baselines, by measured latency ({doc['base']} "
@@ -209,3 +207,12 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def write_report(doc: dict[str, Any], out: Path) -> None:
+    """Add the aggregate and the placement to ``doc`` and write compare.json, compare.md and compare.png."""
+    doc.update(aggregate(doc))
+    doc["placement"] = placement(doc)
+    write_json(doc, out)
+    (out / "compare.md").write_text(markdown(doc))
+    plot(doc, out / "compare.png")

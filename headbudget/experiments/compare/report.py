@@ -9,8 +9,6 @@ from typing import Any
 
 import numpy as np
 
-from headbudget.models.config import SCOPE_SPECS
-
 # Serving every budget: fine-tune jobs (the dense warm start counts as one) and deployed artifacts.
 # B = number of budgets; the budgeted run is one job for stages 2 + 3 on top of the warm start.
 # The whole-model scope adds the attention-only checkpoint, post-hoc pruning of heads and neuron
@@ -209,17 +207,14 @@ def _no_nan(x: Any) -> Any:
     return x
 
 
-def write_report(doc: dict[str, Any], out: Path) -> None:
-    """Add the aggregate to ``doc`` and write the three files (the whole-model scope: placed by latency)."""
-    doc.update(aggregate(doc))
-    if SCOPE_SPECS[doc.get("scope", "attention")].gates_ffn:
-        from headbudget.experiments import latency_placement
-
-        doc["placement"] = latency_placement.placement(doc)
-        (out / "compare.json").write_text(json.dumps(_no_nan(doc), indent=2, allow_nan=False) + "\n")
-        (out / "compare.md").write_text(latency_placement.markdown(doc))
-        latency_placement.plot(doc, out / "compare.png")
-        return
+def write_json(doc: dict[str, Any], out: Path) -> None:
+    """compare.json, a figure that could not be computed as null."""
     (out / "compare.json").write_text(json.dumps(_no_nan(doc), indent=2, allow_nan=False) + "\n")
+
+
+def write_report(doc: dict[str, Any], out: Path) -> None:
+    """Add the aggregate to ``doc`` and write the three files (the whole-model scope's: latency_placement.py's)."""
+    doc.update(aggregate(doc))
+    write_json(doc, out)
     (out / "compare.md").write_text(markdown(doc))
     plot(doc, out / "compare.png")

@@ -348,7 +348,10 @@ def model_scope_entries(cfg: CompareConfig, ctx: SeedContext, out: Path) -> list
 
 def run_compare(cfg: CompareConfig, out: Path, engine_factory: EngineFactory | None = None) -> dict[str, Any]:
     """Train or reuse everything, evaluate, time, and write compare.json, compare.md and compare.png."""
-    from headbudget.experiments.compare.report import write_report
+    if cfg.spec.gates_ffn:  # the whole-model scope is placed by measured latency
+        from headbudget.experiments.latency_placement import write_report
+    else:
+        from headbudget.experiments.compare.report import write_report
 
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
@@ -387,7 +390,7 @@ def run_compare(cfg: CompareConfig, out: Path, engine_factory: EngineFactory | N
            "latency": {"engine": cfg.latency_engine, "texts": cfg.latency_texts,
                        "repeats": cfg.latency_repeats} if engine_factory and cfg.latency_texts else None,
            "trained_this_run": trained, "wall_seconds": time.perf_counter() - t0, **cfg.extra,
-           **({"scope": cfg.scope} if cfg.spec.gates_ffn else {}),  # the report's switch
+           **({"scope": cfg.scope} if cfg.spec.gates_ffn else {}),  # how readers of compare.json tell the scopes apart
            "per_seed": {str(k): v for k, v in per_seed.items()}}
     write_report(doc, out)
     return doc
