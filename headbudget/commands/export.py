@@ -26,12 +26,15 @@ def run(args: argparse.Namespace) -> int:
                            "number of heads in every layer; use --format onnx for a budget")
         if args.precision != "fp32":
             raise CliError("--format hf writes fp32 weights; --precision applies to --format onnx")
-        from headbudget.models.hf.export import export_hf
+        from headbudget.models.hf.export import NOT_CARRIED, export_hf
 
         hf = export_hf(args.model, args.out)
-        code = (" (custom head: load with trust_remote_code=True; --format onnx writes a folder that ONNX runtimes "
-                "such as optimum load without custom code)") if hf.remote_code else ""
-        print(f"{hf.folder}: {hf.architecture}{code}, {hf.n_parameters / 1e6:.1f} M parameters")
+        how = (" (custom head: load with trust_remote_code=True; --format onnx writes a folder that ONNX runtimes "
+               "such as optimum load without custom code)") if hf.remote_code else \
+            (f" (standard, no remote code; {hf.added_layers} added layer carries the mean pooling to the first "
+             "token)") if hf.added_layers else " (standard, no remote code)"
+        print(f"{hf.folder}: {hf.architecture}{how}, {hf.n_parameters / 1e6:.1f} M parameters; the dense model "
+              f"(b = 1) only: {' and '.join(NOT_CARRIED)} stay in headbudget (--format onnx exports one budget)")
         return 0
     from headbudget.engine.onnx.export import export_onnx
 

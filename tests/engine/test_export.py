@@ -148,6 +148,30 @@ def test_optimum_answers_the_engines_labels(minilm_shaped_checkpoint: Path, tmp_
     np.testing.assert_allclose(np.array(got["logits"]), want, atol=1e-4, rtol=0)
 
 
+def test_optimum_cli_exports_the_hf_folder(minilm_shaped_checkpoint: Path, tmp_path: Path) -> None:
+    """`export --format hf` writes a standard folder: `optimum-cli export onnx` accepts it (it refuses folders with
+    custom code) and the ONNX model it writes answers with the engine's b = 1 labels and logits."""
+    hf, onnx_dir = tmp_path / "hf", tmp_path / "hf-onnx"
+    proc = run_cli("export", "--model", str(minilm_shaped_checkpoint), "--format", "hf", "--out", str(hf))
+    assert proc.returncode == 0, proc.stderr
+    assert "no remote code" in proc.stdout and "budgets and exits stay in headbudget" in proc.stdout
+    python = optimum_python()
+    env = {"PATH": os.environ.get("PATH", ""), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([str(python.parent / "optimum-cli"), "export", "onnx", "--model", str(hf), "--task",
+                           "text-classification", str(onnx_dir)], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    short = TEXTS[:3]
+    proc = subprocess.run([str(python), "-c", OPTIMUM, str(onnx_dir), json.dumps(short)], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    _, cfg = checkpoint_config(minilm_shaped_checkpoint)
+    want = engine_logits(minilm_shaped_checkpoint, 1.0, "fp32", tmp_path / "cache", alone=False, texts=short)
+    assert got["labels"] == [cfg.labels[int(i)] for i in want.argmax(1)]
+    np.testing.assert_allclose(np.array(got["logits"]), want, atol=1e-4, rtol=0)
+
+
 def test_only_the_kept_heads_are_in_the_file(minilm_shaped_checkpoint: Path, tmp_path: Path) -> None:
     for b in (0.5, 1.0):
         assert run_cli("export", "--model", str(minilm_shaped_checkpoint), "--budget", str(b),

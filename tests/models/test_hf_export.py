@@ -15,7 +15,7 @@ from headbudget.models.checkpoint import save_checkpoint
 from headbudget.models.config import GateConfig
 from headbudget.models.hf.export import export_hf
 from headbudget.models.hf.families import PretrainedError
-from headbudget.models.pretrained import from_pretrained
+from headbudget.models.pretrained import from_pretrained, minilm_path, random_init
 from headbudget.models.tokenizer import copy_tokenizer
 from tests.models.test_pretrained import OURS, hf_classifier
 
@@ -49,14 +49,32 @@ def _converted(family: str, tmp_path: Path) -> Path:
     return tmp_path / "ckpt"
 
 
-def test_mean_pooled_checkpoint_loads_with_remote_code_and_matches_the_engine(tiny_checkpoint: Path,
-                                                                               tmp_path: Path) -> None:
+def test_mean_pooled_checkpoint_is_a_standard_bert_folder(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """Our MiniLM checkpoints' head (mean pooling, linear classifier) as BertForSequenceClassification with one layer
+    more: transformers loads it with no custom code (none allowed) and answers as the engine does at b = 1, in a
+    padded batch of three lengths."""
     record = export_hf(tiny_checkpoint, tmp_path / "hf")
+    assert not record.remote_code and record.architecture == "BertForSequenceClassification"
+    assert not (tmp_path / "hf" / "modeling_headbudget.py").exists()
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["model_type"] == "bert" and "auto_map" not in config
+    assert config["headbudget"]["added_layers"] == 1 and config["headbudget"]["not_carried"] == ["budgets", "exits"]
+    got, model = _hf_logits(tmp_path / "hf", remote_code=False)
+    assert type(model).__name__ == "BertForSequenceClassification"
+    assert model.config.id2label == {0: "negative", 1: "positive"}
+    np.testing.assert_allclose(got, _engine_logits(tiny_checkpoint, tmp_path / "cache"), atol=1e-4, rtol=0)
+
+
+def test_mean_pooled_head_with_a_pooler_layer_needs_remote_code(tmp_path: Path) -> None:
+    """A pooler layer after the mean is what the standard mapping cannot carry: such a folder ships its class."""
+    model = random_init(("negative", "positive"), GateConfig(), seed=2, pooler="tanh").eval()
+    save_checkpoint(model, tmp_path / "ckpt", {"name": "pooled", "model_type": "budgeted"})
+    copy_tokenizer(minilm_path(), tmp_path / "ckpt")
+    record = export_hf(tmp_path / "ckpt", tmp_path / "hf")
     assert record.remote_code and (tmp_path / "hf" / "modeling_headbudget.py").is_file()
     got, model = _hf_logits(tmp_path / "hf", remote_code=True)
     assert type(model).__name__ == "HeadbudgetForSequenceClassification"
-    assert model.config.id2label == {0: "negative", 1: "positive"}
-    np.testing.assert_allclose(got, _engine_logits(tiny_checkpoint, tmp_path / "cache"), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(got, _engine_logits(tmp_path / "ckpt", tmp_path / "cache"), atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("family, cls", [("bert", "BertForSequenceClassification"),
