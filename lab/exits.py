@@ -29,6 +29,7 @@ import torch
 
 from headbudget.commands.parser import OneLineParser
 from headbudget.engine.factory import load_engine
+from headbudget.engine.onnx.backend import OnnxEngine
 from headbudget.engine.types import EngineOptions
 from headbudget.experiments.latency_placement import at_latency
 from headbudget.models.checkpoint import load_checkpoint
@@ -110,7 +111,8 @@ def exit_cost(plan: ExecutionPlan, depth: int, shape: Shape, n_tokens: int) -> f
 def time_plans(model_dir: Path, plans: dict[str, ExecutionPlan], test: TokenizedSplit, n_texts: int,
                repeats: int) -> dict[str, float]:
     """Median (over passes) mean per-text ms, batch 1, fp32, one thread, each plan in its own prepacked session."""
-    engine: Any = load_engine(model_dir, EngineOptions(prepacked_budgets=()))
+    engine = load_engine(model_dir, EngineOptions(prepacked_budgets=()))
+    assert isinstance(engine, OnnxEngine)  # the default backend: its sessions run any plan
     runners = {name: engine._whole(plan, prepack=True) for name, plan in plans.items()}  # noqa: SLF001
     inputs = [(np.asarray([ids], np.int64), np.ones((1, len(ids)), np.int32)) for ids in test.ids[:n_texts]]
     times: dict[str, list[float]] = {name: [] for name in plans}

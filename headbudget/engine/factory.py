@@ -12,7 +12,7 @@ from headbudget.engine.artifacts import BenchRecord, SweepRecord, checkpoint_con
 from headbudget.engine.decider import read_decider
 from headbudget.engine.errors import ModelLoadError
 from headbudget.engine.precision import PRECISIONS
-from headbudget.engine.protocol import Engine
+from headbudget.engine.protocol import TokenEngine
 from headbudget.engine.types import EngineOptions, ModelInfo
 from headbudget.models.model_types import model_type
 
@@ -60,7 +60,7 @@ def model_info(model_dir: Path, options: EngineOptions) -> ModelInfo:
     )
 
 
-def load_engine(model_dir: Path, options: EngineOptions) -> Engine:
+def load_engine(model_dir: Path, options: EngineOptions) -> TokenEngine:
     """Load ``model_dir`` with the backend and precision ``options`` name; raises ModelLoadError."""
     if options.threads < 1:
         raise ModelLoadError(f"threads must be >= 1, got {options.threads}")
@@ -73,24 +73,24 @@ def load_engine(model_dir: Path, options: EngineOptions) -> Engine:
     return load(Path(model_dir), options, info)
 
 
-def _onnxruntime(model_dir: Path, options: EngineOptions, info: ModelInfo) -> Engine:
+def _onnxruntime(model_dir: Path, options: EngineOptions, info: ModelInfo) -> TokenEngine:
     from headbudget.engine.onnx.backend import OnnxEngine
 
     return OnnxEngine(model_dir, options, info)
 
 
-def _torch(model_dir: Path, options: EngineOptions, info: ModelInfo) -> Engine:
+def _torch(model_dir: Path, options: EngineOptions, info: ModelInfo) -> TokenEngine:
     from headbudget.engine.reference.backend import TorchEngine
 
     return TorchEngine(model_dir, options, info)
 
 
 # The backends of budgeted checkpoints by name, each imported when chosen (a serving process imports only its own).
-_BACKENDS: dict[str, Callable[[Path, EngineOptions, ModelInfo], Engine]] = {
+_BACKENDS: dict[str, Callable[[Path, EngineOptions, ModelInfo], TokenEngine]] = {
     "onnxruntime": _onnxruntime, "torch": _torch}
 
 
-def _load_adaptive(model_dir: Path, options: EngineOptions, info: ModelInfo) -> Engine:
+def _load_adaptive(model_dir: Path, options: EngineOptions, info: ModelInfo) -> TokenEngine:
     """Adaptive types always run the fp32 PyTorch fast path: their head choice is per input, which the static
     ONNX graphs (one per head mask) cannot express. fp32 onnxruntime is served by it with a log line; int8 fails."""
     spec = PRECISIONS.get(options.precision)

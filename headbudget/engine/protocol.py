@@ -1,11 +1,16 @@
-"""The Engine interface: everything the service and the benchmark may call."""
+"""The Engine interface: everything the service may call; TokenEngine adds what measurement tools drive."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Protocol
 
+import numpy as np
+
 from headbudget.engine.types import BatchResult, Cost, ExecutionPlan, ModelInfo, Runnable, Tokens
+from headbudget.models.config import ModelConfig
+from headbudget.models.plan import Shape
+from headbudget.models.tokenizer import TextEncoder
 
 
 class Meter(Protocol):
@@ -81,4 +86,26 @@ class Engine(Protocol):
 
     def close(self) -> None:
         """Release sessions and threads."""
+        ...
+
+
+class TokenEngine(Engine, Protocol):
+    """An Engine that also runs token ids it is given, below the texts: what benchmarks, evaluation and the
+    decider's calibration drive. Every backend (engine/base.py ``EngineBase``) is one; ``load_engine`` returns it."""
+
+    cfg: ModelConfig
+    shape: Shape
+    encoder: TextEncoder  # the engine's own tokenizer: its ``pad_id`` pads the ids these methods take
+
+    def predict_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray, budget: float) -> np.ndarray:
+        """Logits (B, C) for padded int64 ids and their mask (B, N) at ``budget`` (InputError on a bad shape)."""
+        ...
+
+    def forward_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray, plan: ExecutionPlan) -> np.ndarray:
+        """Logits (B, C) running ``plan`` as it is, unchecked: any plan, not only a budget's."""
+        ...
+
+    def forward_rows(self, rows: Sequence[Sequence[int]], plan: ExecutionPlan) -> tuple[np.ndarray, int]:
+        """Logits (B, C) for unpadded token ids, in passes under ``max_activation_bytes``, and the tokens those
+        passes ran, padding included."""
         ...

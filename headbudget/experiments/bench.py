@@ -24,6 +24,7 @@ from typing import Any, Literal
 import numpy as np
 
 from headbudget.engine.base import pad
+from headbudget.engine.protocol import TokenEngine
 from headbudget.engine.types import EngineOptions, Precision
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ def data_texts(folder: Path, n: int, seed: int = 0) -> list[str]:
     raise FileNotFoundError(f"{folder}: no test.csv or train.csv with rows")
 
 
-def make_batches(engine: Any, cfg: BenchConfig) -> list[tuple[np.ndarray, np.ndarray]]:
+def make_batches(engine: TokenEngine, cfg: BenchConfig) -> list[tuple[np.ndarray, np.ndarray]]:
     """One padded (ids, mask) batch per timed round: real texts with --data, else fixed-length tokens."""
     rounds = cfg.repeats + cfg.warmup
     if cfg.data is not None:
@@ -193,15 +194,16 @@ def memory_figure(model_dir: Path, dense_onnx: Path, precision: str, probes: int
     return out
 
 
-def _bare_run(engine: Any, ids: np.ndarray, mask: np.ndarray, budget: float) -> Callable[[], object] | None:
+def _bare_run(engine: TokenEngine, ids: np.ndarray, mask: np.ndarray, budget: float) -> Callable[[], object] | None:
     """The ONNX engine's session run alone on ``ids``, its inputs wrapped once outside the timed call (None for a
     backend without sessions): what ``predict_ids`` adds in Python is the difference."""
-    runner = getattr(engine, "_runner", None)
-    if runner is None:
+    from headbudget.engine.onnx.backend import OnnxEngine
+
+    if not isinstance(engine, OnnxEngine):
         return None
-    sess, feeds = runner(engine.plan(budget))
+    sess, feeds = engine._runner(engine.plan(budget))  # noqa: SLF001 - the benchmark times the engine's own call
     feeds = {**feeds, "input_ids": sess.value(ids), "attention_mask": sess.value(mask)}
-    options = engine._run_options  # noqa: SLF001 - the benchmark times the engine's own call
+    options = engine._run_options  # noqa: SLF001
 
     def run() -> object:
         return sess.run(feeds, options)
@@ -212,7 +214,7 @@ def _memory_child() -> None:
     import onnxruntime  # noqa: F401 - imported before the baseline on both sides
 
     from headbudget.engine import factory  # noqa: F401
-    from headbudget.engine.onnx import backend  # noqa: F401
+    from headbudget.engine.onnx import backend
     from headbudget.experiments.peers import ort_session
 
     arg = json.loads(sys.argv[-1])
@@ -223,10 +225,11 @@ def _memory_child() -> None:
         if arg.get("prepacked") is not None:
             options = replace(options, prepacked_budgets=tuple(arg["prepacked"]))
         engine = factory.load_engine(Path(arg["model_dir"]), options)
+        assert isinstance(engine, backend.OnnxEngine)  # the default backend: its sessions are counted
         engine.warmup()
         for b in (1.0, 0.5, 0.1):
-            engine.predict_ids(ids, mask, b)  # type: ignore[attr-defined]
-        print(json.dumps({"engine_mb": round(rss_mb() - base, 1), "engine_sessions": engine.n_sessions}))  # type: ignore[attr-defined]
+            engine.predict_ids(ids, mask, b)
+        print(json.dumps({"engine_mb": round(rss_mb() - base, 1), "engine_sessions": engine.n_sessions}))
     else:
         dense = Path(arg["dense"])
         session = ort_session(dense if arg["precision"] == "fp32" else dense.with_name("dense-int8.onnx"))
@@ -234,7 +237,7 @@ def _memory_child() -> None:
         print(json.dumps({"dense_mb": round(rss_mb() - base, 1)}))
 
 
-def _at_budget(engine: Any, budget: float, ids: np.ndarray, mask: np.ndarray) -> object:
+def _at_budget(engine: TokenEngine, budget: float, ids: np.ndarray, mask: np.ndarray) -> object:
     return engine.predict_ids(ids, mask, budget)
 
 
@@ -248,7 +251,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
 
     torch.set_num_threads(cfg.threads)
     model, _ = load_checkpoint(cfg.model_dir)
-    engine: Any = load_engine(cfg.model_dir, EngineOptions(precision=cfg.precision, threads=cfg.threads))
+    engine = load_engine(cfg.model_dir, EngineOptions(precision=cfg.precision, threads=cfg.threads))
     engine.warmup()
     batches = make_batches(engine, cfg)
     work = Path(tempfile.mkdtemp(prefix="headbudget-bench-"))
@@ -282,7 +285,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     return result
 
 
-def _budget_rows(engine: Any, times: dict[str, list[float]], dense_key: str, n_cost: int) -> list[dict[str, Any]]:
+def _budget_rows(engine: TokenEngine, times: dict[str, list[float]], dense_key: str, n_cost: int) -> list[dict[str, Any]]:
     """One row per benchmark budget: its latency and its speed-up over b = 1 and over the dense ORT peer."""
     ort_dense = _ms(times[dense_key], 0.5)
     b1 = _ms(times["engine@1.0"], 0.5)
@@ -299,7 +302,7 @@ def _budget_rows(engine: Any, times: dict[str, list[float]], dense_key: str, n_c
     return rows
 
 
-def max_logit_diff(engine: Any, model: Any, batches: Sequence[tuple[np.ndarray, np.ndarray]]) -> float:
+def max_logit_diff(engine: TokenEngine, model: Any, batches: Sequence[tuple[np.ndarray, np.ndarray]]) -> float:
     """Largest |engine - masked reference| logit over the benchmark budgets and a few batches."""
     import torch
 
@@ -317,7 +320,7 @@ def _paired_ms(a: Sequence[float], b: Sequence[float]) -> float:
     return round(float(np.median(np.asarray(a) - np.asarray(b))) * 1000, 3)
 
 
-def overhead(engine: Any, ort_dense: Callable[[np.ndarray, np.ndarray], object], cfg: BenchConfig,
+def overhead(engine: TokenEngine, ort_dense: Callable[[np.ndarray, np.ndarray], object], cfg: BenchConfig,
              times: dict[str, list[float]], dense_key: str) -> dict[str, float]:
     """Fixed per-call cost of the engine over ORT dense (same precision), and where it comes from.
 

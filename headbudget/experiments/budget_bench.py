@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from headbudget.engine.protocol import TokenEngine
 from headbudget.experiments.bench import (
     BenchConfig,
     _at_budget,
@@ -88,7 +89,7 @@ def budget_checks(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def floor_plan(engine: Any) -> ExecutionPlan:
+def floor_plan(engine: TokenEngine) -> ExecutionPlan:
     """One head and one feed-forward group in every layer: the least a pass through all the layers runs, timed
     beside the budgets to show the per-pass work (norms, softmax, activation quantization, dispatch) that no
     budget can save."""
@@ -97,7 +98,7 @@ def floor_plan(engine: Any) -> ExecutionPlan:
     return ExecutionPlan(heads=(1,) * cfg.n_layers, n_heads=cfg.n_heads, ffn=ffn)
 
 
-def _budget_rows(engine: Any, budgets: Sequence[float], times: dict[str, list[float]], peer: str,
+def _budget_rows(engine: TokenEngine, budgets: Sequence[float], times: dict[str, list[float]], peer: str,
                  lengths: list[int]) -> list[dict[str, Any]]:
     """One row per budget: its latency, its share of b = 1's and of the dense peer's, and its share of MACs."""
     b1, ort = np.median(times["engine@1.0"]), np.median(times[peer])
@@ -128,7 +129,7 @@ def run_budget_bench(cfg: BudgetBenchConfig) -> dict[str, Any]:
     budgets = cfg.budgets()
     torch.set_num_threads(bench.threads)
     model, _ = load_checkpoint(bench.model_dir)
-    engine: Any = load_engine(bench.model_dir, EngineOptions(precision=bench.precision, threads=bench.threads))
+    engine = load_engine(bench.model_dir, EngineOptions(precision=bench.precision, threads=bench.threads))
     engine.warmup()
     batches = make_batches(engine, bench)
     peer = f"ort_{bench.precision}"

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     probe = load_engine(args.model, EngineOptions())
-    enc = probe.encoder.encode(load_texts(args.data, args.texts))  # type: ignore[attr-defined]
+    enc = probe.encoder.encode(load_texts(args.data, args.texts))
     probe.close()
     real = [pad([ids], 0) for ids in enc.ids]
     fixed = [(np.full((1, 128), 1000, np.int64), np.ones((1, 128), np.int32))]

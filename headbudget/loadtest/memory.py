@@ -123,7 +123,7 @@ def largest_pass_ms(model: Path, precision: str, max_activation_mb: int, length:
     from headbudget.engine.factory import load_engine
     from headbudget.engine.types import EngineOptions
 
-    engine: Any = load_engine(model, EngineOptions(precision=precision))  # type: ignore[arg-type]
+    engine = load_engine(model, EngineOptions(precision=precision))  # type: ignore[arg-type]
     plan = engine.plan(1.0)
     texts = TEXTS
     while texts > 1 and passes.activation_bytes(engine.shape, plan, texts, length) > max_activation_mb << 20:

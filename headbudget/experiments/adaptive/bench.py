@@ -128,7 +128,7 @@ def bench_texts(model_dir: Path, data: Path, n: int = 300, warmup: int = 10,
         other = load_engine(Path(folder), EngineOptions(backend=backend, threads=1))
         other.warmup()
         loaded.append(other)
-        methods[name] = (lambda e, b: lambda ids, mask: e.predict_ids(ids, mask, b))(other, budget)  # type: ignore[attr-defined]
+        methods[name] = (lambda e, b: lambda ids, mask: e.predict_ids(ids, mask, b))(other, budget)
     times = time_round_robin(methods, batches, warmup, "warm")
     ratios = []
     for ids, _ in batches[warmup:]:

@@ -41,7 +41,7 @@ def engine_factory(backend: str, budgets: tuple[float, ...]) -> EngineFactory:
     options = EngineOptions(backend=backend, precision="fp32", threads=1, prepacked_budgets=budgets)  # type: ignore[arg-type]
 
     def factory(folder: Path) -> Predictor:
-        return load_engine(folder, options).predict_ids  # type: ignore[attr-defined,no-any-return]
+        return load_engine(folder, options).predict_ids
 
     return factory
 
