@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from headbudget.commands.parser import OneLineParser
+from headbudget.engine.names import PRECISION_NAMES
 from headbudget.experiments.bench import code_commit, cpu_name
 from headbudget.loadtest.fairness import long_texts
 from headbudget.loadtest.refusal_cost import CASES
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", choices=["answered", "refusals"], default="answered")
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--precision", default="int8", choices=["fp32", "int8"])
+    ap.add_argument("--precision", default="int8", choices=PRECISION_NAMES)
     ap.add_argument("--access-log", type=Path, help="write the access records there, as `serve --access-log` does")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)

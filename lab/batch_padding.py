@@ -24,6 +24,7 @@ from headbudget.commands.parser import OneLineParser
 from headbudget.engine import passes
 from headbudget.engine.base import EngineBase, pad
 from headbudget.engine.factory import load_engine
+from headbudget.engine.names import PRECISION_NAMES
 from headbudget.engine.types import EngineOptions
 from headbudget.experiments.bench import code_commit, cpu_name
 from lab.script_output import check_out, write_doc
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--pad-shares", type=float, nargs="+", default=[0.0, 0.125, 0.25, 0.5])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--precision", default="int8", choices=["fp32", "int8"])
+    ap.add_argument("--precision", default="int8", choices=PRECISION_NAMES)
     args = ap.parse_args(argv)
     try:
         check_out(args.out)

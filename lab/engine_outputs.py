@@ -21,6 +21,7 @@ import tempfile
 
 import headbudget
 from headbudget.engine.factory import load_engine
+from headbudget.engine.names import PRECISION_NAMES
 from headbudget.engine.types import EngineOptions
 
 print("code:", Path(headbudget.__file__).parent, file=sys.stderr)
@@ -32,7 +33,7 @@ texts = ["Stocks fell sharply on Wall Street as oil prices rose.",
          "short", "x " * 200]
 budgets = [round(0.1 + 0.05 * i, 2) for i in range(19)] + [0.37, 0.62]
 res = {}
-for precision in ("fp32", "int8"):
+for precision in PRECISION_NAMES:
     with tempfile.TemporaryDirectory() as cache:
         eng = load_engine(ckpt, EngineOptions(precision=precision, cache_dir=Path(cache)))
         for b in budgets:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from headbudget.commands.common import CliError, budget_arg, existing_dir, positive_int
-from headbudget.engine.names import DEFAULT_PRECISION
+from headbudget.engine.names import DEFAULT_PRECISION, PRECISION_NAMES
 
 if TYPE_CHECKING:
     from headbudget.experiments.bench import BenchConfig
@@ -27,7 +27,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seq-len", type=positive_int, default=128)
     p.add_argument("--batch-size", type=positive_int, default=1)
     p.add_argument("--data", type=existing_dir, help="folder with test.csv/train.csv: sample real text lengths")
-    p.add_argument("--precision", choices=["fp32", "int8"], default=DEFAULT_PRECISION,
+    p.add_argument("--precision", choices=PRECISION_NAMES, default=DEFAULT_PRECISION,
                    help=f"the engine to time, against ONNX Runtime's dense export of the same precision (default "
                         f"{DEFAULT_PRECISION}, as serve)")
     p.add_argument("--repeats", type=positive_int, default=30)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from headbudget.commands.common import budget_arg, positive_int
+from headbudget.engine.names import BACKEND_NAMES
 from headbudget.models.config import SCOPE_SPECS, SCOPES  # torch-free
 
 
@@ -60,7 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                         "(heads and feed-forward groups, against the attention-only run and small models)")
     p.add_argument("--exits", default="", metavar="D[,D...]",
                    help="--scope model: train the budgeted checkpoint with exits at these depths (as train --exits)")
-    p.add_argument("--backend", default="onnxruntime", choices=("onnxruntime", "torch"),
+    p.add_argument("--backend", default="onnxruntime", choices=BACKEND_NAMES,
                    help="the engine that latency is measured on (torch: the masked reference model)")
     p.add_argument("--out", required=True, type=Path, help="folder for artifacts (cached) and the report")
     p.set_defaults(func=run)

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from headbudget.commands.common import existing_dir, positive_int
-from headbudget.engine.names import DeciderKind
+from headbudget.engine.names import PRECISION_NAMES, DeciderKind
 
 BOTH = "both"  # --kind: calibrate every kind, compare them on the test split and keep the better
 
@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                         "embeddings), or both: compare them on the test split at equal measured latency and keep "
                         "the better (default: the engine's DEFAULT_KIND)")
     p.add_argument("--out", type=Path, default=None, help="folder for auto.json (the comparison; default --model)")
-    p.add_argument("--precision", choices=("fp32", "int8"), default="fp32",
+    p.add_argument("--precision", choices=PRECISION_NAMES, default="fp32",
                    help="the ONNX Runtime engine that computes every budget's answers (serve with the same)")
     p.add_argument("--limit", type=positive_int, default=4000, help="validation texts to calibrate on")
     p.add_argument("--threads", type=positive_int, default=os.cpu_count() or 1,

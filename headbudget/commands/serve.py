@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from headbudget.commands.common import CliError, existing_dir, positive_int, refuse_standin
-from headbudget.engine.names import DEFAULT_PRECISION
+from headbudget.engine.names import BACKEND_NAMES, DEFAULT_PRECISION, PRECISION_NAMES
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +30,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--host", help="default 127.0.0.1")
     p.add_argument("--port", type=int, help="default 8000")
     p.add_argument("--workers", type=positive_int, help="uvicorn worker processes (default 1)")
-    p.add_argument("--backend", choices=["onnxruntime", "torch"], help="default onnxruntime")
-    p.add_argument("--precision", choices=["fp32", "int8"],
+    p.add_argument("--backend", choices=BACKEND_NAMES, help="default onnxruntime")
+    p.add_argument("--precision", choices=PRECISION_NAMES,
                    help=f"default {DEFAULT_PRECISION} where the checkpoint and backend have an int8 engine "
                         "(budgeted checkpoints on onnxruntime), else fp32")
     p.add_argument("--threads", type=positive_int, help="intra-op threads per worker's engine (default 1)")

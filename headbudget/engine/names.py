@@ -4,10 +4,13 @@ its parser from them."""
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Literal, get_args
 
 Backend = Literal["onnxruntime", "torch"]
 Precision = Literal["fp32", "int8"]
+# Every name of each, in order: what command lines offer as choices.
+BACKEND_NAMES: tuple[Backend, ...] = get_args(Backend)
+PRECISION_NAMES: tuple[Precision, ...] = get_args(Precision)
 # What `headbudget serve` and `headbudget bench` run unless told: the int8 engine, faster than fp32 at its
 # accuracy within quantization noise (docs/results.md). serve falls back to fp32 where there is no int8 engine.
 DEFAULT_PRECISION: Precision = "int8"

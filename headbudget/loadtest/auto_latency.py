@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from headbudget.commands.parser import OneLineParser
+from headbudget.engine.names import PRECISION_NAMES
 from headbudget.loadtest.service_bench import CONFIG, Server, bench_texts, pct, post_classify
 from headbudget.models.budget import BUDGET_GRID
 
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", type=Path, default=Path("../shared/data/ag_news"))
     p.add_argument("--requests", type=int, default=200, help="test texts (each sent once per round and budget)")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--precision", choices=("fp32", "int8"), default="fp32")
+    p.add_argument("--precision", choices=PRECISION_NAMES, default="fp32")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     texts = bench_texts("auto_latency", args.model, args.data, args.requests)

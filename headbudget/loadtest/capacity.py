@@ -29,6 +29,7 @@ import httpx
 import psutil
 
 from headbudget.commands.parser import OneLineParser
+from headbudget.engine.names import PRECISION_NAMES
 from headbudget.experiments.bench import cpu_name
 from headbudget.loadtest.service_bench import (
     CONFIG,
@@ -247,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "request against each alone (--mixed-users clients, --step-seconds each, --mixed-rounds)")
     p.add_argument("--mixed-users", type=int, default=2)
     p.add_argument("--mixed-rounds", type=int, default=3)
-    p.add_argument("--precision", choices=("fp32", "int8"), default="fp32",
+    p.add_argument("--precision", choices=PRECISION_NAMES, default="fp32",
                    help="the engine the capacity step serves (`headbudget serve` defaults to int8; fp32 is what the "
                         "recorded runs used)")
     p.add_argument("--out", type=Path, required=True)

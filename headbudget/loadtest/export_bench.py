@@ -23,6 +23,7 @@ import onnxruntime as ort
 from headbudget.commands.parser import OneLineParser
 from headbudget.engine.base import pad
 from headbudget.engine.factory import load_engine
+from headbudget.engine.names import PRECISION_NAMES
 from headbudget.engine.onnx.export import MODEL_FILE, export_onnx
 from headbudget.engine.types import EngineOptions
 from headbudget.experiments.bench import cpu_name
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     real = [pad([ids], 0) for ids in enc.ids]
     fixed = [(np.full((1, 128), 1000, np.int64), np.ones((1, 128), np.int32))]
     rows = []
-    for precision in ("fp32", "int8"):
+    for precision in PRECISION_NAMES:
         for name, inputs in (("ag_news texts", real), ("length 128", fixed)):
             row = {"inputs": name, "budget": args.budget, **compare(args.model, args.budget, precision, inputs,
                                                                      args.rounds)}

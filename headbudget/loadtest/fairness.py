@@ -37,6 +37,7 @@ from typing import Any
 import httpx
 
 from headbudget.commands.parser import OneLineParser
+from headbudget.engine.names import PRECISION_NAMES
 from headbudget.loadtest.service_bench import Server, free_port, pct, pinned
 from headbudget.service.auth import hash_key, new_key
 
@@ -302,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heavy-users", type=int, default=2, help="the heavy key's concurrent clients")
     p.add_argument("--heavy-texts", type=int, default=64, help="texts per heavy request")
     p.add_argument("--long-words", type=int, default=600, help="words per heavy text (truncated by the model)")
-    p.add_argument("--precision", choices=("fp32", "int8"), default="int8")
+    p.add_argument("--precision", choices=PRECISION_NAMES, default="int8")
     p.add_argument("--no-redis", action="store_true", help="keep quotas per worker even if redis-server exists")
     p.add_argument("--server-cpus", metavar="LIST", help="the server's cores, as taskset takes them (e.g. 1)")
     p.add_argument("--client-cpus", metavar="LIST", help="the clients' cores (e.g. 0)")

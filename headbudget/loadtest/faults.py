@@ -36,6 +36,7 @@ from typing import Any
 import httpx
 
 from headbudget.commands.parser import OneLineParser
+from headbudget.engine.names import PRECISION_NAMES
 from headbudget.loadtest.fairness import server_config, to_toml
 from headbudget.loadtest.service_bench import free_port
 from headbudget.service.auth import new_key
@@ -240,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--users", type=int, default=4, help="concurrent clients")
     p.add_argument("--down-seconds", type=float, default=5.0, help="how long Redis stays away")
     p.add_argument("--case", choices=CASES, action="append", help="run only these cases (default: all)")
-    p.add_argument("--precision", choices=("fp32", "int8"), default="int8")
+    p.add_argument("--precision", choices=PRECISION_NAMES, default="int8")
     return p
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from headbudget.commands.parser import OneLineParser
+from headbudget.engine.names import PRECISION_NAMES
 from headbudget.loadtest.service_bench import Server
 from headbudget.service.auth import hash_key
 
@@ -188,7 +189,7 @@ def supervisor_mb(model: Path, precision: str) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = OneLineParser(prog="python -m headbudget.loadtest.memory", description=__doc__)
     p.add_argument("--model", type=Path, required=True)
-    p.add_argument("--precision", choices=("fp32", "int8"), default="int8")
+    p.add_argument("--precision", choices=PRECISION_NAMES, default="int8")
     p.add_argument("--max-activation-mb", type=int, default=None)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--out", type=Path, required=True)

@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 
 from headbudget.commands.parser import OneLineParser
+from headbudget.engine.names import PRECISION_NAMES
 from headbudget.experiments.bench import code_commit, cpu_name
 from headbudget.loadtest import wire
 from headbudget.loadtest.fairness import long_texts, to_toml
@@ -119,7 +120,7 @@ def measure(model: Path, precision: str, requests: int, concs: list[int], pauses
 def main(argv: list[str] | None = None) -> int:
     p = OneLineParser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--model", type=Path, required=True)
-    p.add_argument("--precision", default="int8", choices=["fp32", "int8"])
+    p.add_argument("--precision", default="int8", choices=PRECISION_NAMES)
     p.add_argument("--requests", type=int, default=100, help="requests a case, concurrency and round")
     p.add_argument("--conc", default="1,4", help="connections, comma-separated (default 1,4)")
     p.add_argument("--pause-ms", default="0", help="each connection's pause after an answer, comma-separated "

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from headbudget.commands.parser import OneLineParser
+from headbudget.engine.names import PRECISION_NAMES
 from headbudget.experiments.bench import code_commit, cpu_name
 from headbudget.loadtest.capacity import mixed_config
 from headbudget.loadtest.service_bench import (
@@ -152,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", type=Path, required=True, help="checkpoint folder")
     p.add_argument("--data", type=Path, default=None,
                    help="folder with test.csv (default: ag_news under $HEADBUDGET_DATA or ../shared/data)")
-    p.add_argument("--precision", choices=("fp32", "int8"), default="int8")
+    p.add_argument("--precision", choices=PRECISION_NAMES, default="int8")
     p.add_argument("--budgets", default="1.0,0.5,0.25")
     p.add_argument("--requests", type=int, default=100, help="texts per budget and round, sequential run")
     p.add_argument("--rounds", type=int, default=5)

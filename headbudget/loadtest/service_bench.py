@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 
 from headbudget.commands.parser import OneLineParser
+from headbudget.engine.names import PRECISION_NAMES
 
 CONFIG = """
 [server]
@@ -380,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--duration", type=float, default=20.0)
     p.add_argument("--wait-ms", type=float, default=3.0)
-    p.add_argument("--precision", choices=("fp32", "int8"), default="fp32",
+    p.add_argument("--precision", choices=PRECISION_NAMES, default="fp32",
                    help="the server's and the paired in-process engine's precision")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)

@@ -27,6 +27,7 @@ from headbudget.engine.adaptive.backend import AdaptiveEngine
 from headbudget.engine.adaptive.cost import usage_cost
 from headbudget.engine.errors import ModelLoadError
 from headbudget.engine.factory import load_engine
+from headbudget.engine.names import BACKEND_NAMES
 from headbudget.engine.types import Backend, EngineOptions
 from headbudget.experiments.bench import data_texts, time_round_robin
 
@@ -169,8 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 name, _, rest = item.partition("=")
                 folder, _, budget = rest.rpartition("@")
                 budget, _, backend = budget.partition(":")
-                if not name or not folder or backend not in ("", "onnxruntime", "torch"):
-                    raise ValueError(f"--compare {item!r}: expected NAME=DIR@BUDGET[:onnxruntime|torch]")
+                if not name or not folder or backend not in ("", *BACKEND_NAMES):
+                    raise ValueError(f"--compare {item!r}: expected NAME=DIR@BUDGET[:{'|'.join(BACKEND_NAMES)}]")
                 others.append(Other(name, Path(folder), float(budget), "torch" if backend == "torch" else "onnxruntime"))
             print(json.dumps(bench_texts(args.model, args.data, args.texts, args.warmup, others), indent=2))
             return 0
