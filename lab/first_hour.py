@@ -37,7 +37,7 @@ from lab.without_amx import request_amx
 ROOT = Path(__file__).resolve().parents[1]
 ISA = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "amx_bf16")
 # The lines of `make run`'s output that end one phase and start the next, in order.
-PHASES = (("install", re.compile(r"^\S*pip install|^python3 -m venv")),
+PHASES = (("install", re.compile(r"^\S*pip install|python3 -m venv ")),
           ("train", re.compile(r"headbudget train ")),
           ("decider", re.compile(r"headbudget decider ")),
           ("serve_start", re.compile(r"headbudget serve ")),

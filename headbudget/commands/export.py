@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from headbudget.commands.common import CliError, budget_arg, existing_dir
+from headbudget.engine.names import PRECISION_NAMES
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -14,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--budget", type=budget_arg, default=1.0, help="the budget to export (hf: only 1)")
     p.add_argument("--format", choices=("onnx", "hf"), default="onnx",
                    help="onnx: a plain ONNX Runtime model with only the kept heads; hf: a transformers folder")
-    p.add_argument("--precision", choices=("fp32", "int8"), default="fp32", help="onnx only: weight precision")
+    p.add_argument("--precision", choices=PRECISION_NAMES, default="fp32", help="onnx only: weight precision")
     p.add_argument("--out", required=True, type=Path, help="a new (or empty) folder")
     p.set_defaults(func=run)
 
