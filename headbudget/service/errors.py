@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from headbudget.engine.errors import BudgetError, EngineError, InputError
 
@@ -146,6 +147,17 @@ def known_error_response(request: Request, exc: Exception) -> JSONResponse | Non
     return None
 
 
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
+def _allowed(request: Request) -> list[str]:
+    """Every method some route of the app answers at the request's path (asked of the routes themselves, so
+    routers included in routers count too)."""
+    routes = request.app.router.routes
+    return [m for m in _METHODS
+            if any(r.matches({**request.scope, "method": m})[0] == Match.FULL for r in routes)]
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Map domain, validation and framework errors to JSON error responses."""
 
@@ -173,8 +185,10 @@ def install_error_handlers(app: FastAPI) -> None:
                                            "not UTF-8, nested too deeply or a number too long)"), status_code=400)
         codes = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
         code = codes.get(exc.status_code, "http_error")
-        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:  # Starlette names the first route of the path; the path may have several
+            headers = {**(headers or {}), "Allow": ", ".join(_allowed(request))}
+        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -381,3 +381,17 @@ def _descriptions(node: object) -> list[str]:
     if isinstance(node, list):
         return [d for v in node for d in _descriptions(v)]
     return []
+
+
+async def test_405_allows_every_method_of_the_path_and_the_document_lists_them() -> None:
+    """Found by schemathesis: GET / (TEI's health) answered but was left out of the document, and a 405 at / said
+    `Allow: POST`, the first route's methods only."""
+    async with running_app() as (client, _, _):
+        doc = (await client.get("/openapi.json")).json()
+        answers = {m: (await client.request(m, "/")).status_code for m in ("GET", "OPTIONS", "PUT")}
+        wrong = await client.request("OPTIONS", "/")
+        classify = await client.request("DELETE", "/classify")
+    assert sorted(doc["paths"]["/"]) == ["get", "post"]
+    assert answers == {"GET": 200, "OPTIONS": 405, "PUT": 405}
+    assert wrong.headers["allow"] == "GET, POST" and error_of(wrong)["code"] == "method_not_allowed"
+    assert classify.headers["allow"] == "POST"

@@ -349,10 +349,12 @@ async def info(runtime: RuntimeDep) -> TeiInfo:
         version=headbudget.__version__)
 
 
-@router.get("/", response_class=Response, include_in_schema=False)  # TEI answers health on GET / too
-@router.get("/health", response_class=Response,
-            responses={200: {"description": "Ready", "content": None}, 503: {"model": TeiError,
-                                                                           "description": "Not ready"}})
+_HEALTH = {200: {"description": "Ready", "content": None}, 503: {"model": TeiError, "description": "Not ready"}}
+
+
+# TEI answers health on GET / too; declared, so that the document lists every method a path answers
+@router.get("/", response_class=Response, responses=_HEALTH, summary="Health (TEI's GET /)")
+@router.get("/health", response_class=Response, responses=_HEALTH)
 async def health(runtime: RuntimeDep) -> Response:
     """200 with no body when the model answers (TEI's /health; public); 503 ``Unhealthy`` otherwise."""
     ready, _ = await runtime.readiness()
