@@ -349,7 +349,7 @@ async def info(runtime: RuntimeDep) -> TeiInfo:
         version=headbudget.__version__)
 
 
-_HEALTH = {200: {"description": "Ready", "content": None}, 503: {"model": TeiError, "description": "Not ready"}}
+_HEALTH: dict[int | str, dict[str, Any]] = {200: {"description": "Ready", "content": None}, 503: {"model": TeiError, "description": "Not ready"}}
 
 
 # TEI answers health on GET / too; declared, so that the document lists every method a path answers
