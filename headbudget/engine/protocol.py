@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from headbudget.engine.types import BatchResult, Cost, ExecutionPlan, ModelInfo, Runnable, Tokens
 from headbudget.models.config import ModelConfig
 from headbudget.models.plan import Shape
-from headbudget.models.tokenizer import TextEncoder
+
+if TYPE_CHECKING:  # the service imports this module and never the tokenizer's (tests/service/test_config.py)
+    from headbudget.models.tokenizer import TextEncoder
 
 
 class Meter(Protocol):

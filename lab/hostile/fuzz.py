@@ -29,6 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from headbudget.commands.parser import OneLineParser
+
 ROOT = Path(__file__).resolve().parents[2]
 CONTENT_TYPES = (b"application/json", b"application/json; charset=utf-8", b"Application/JSON", b"text/plain",
                  b"application/x-www-form-urlencoded", b"")
@@ -263,7 +265,7 @@ def fuzz(model: Path, work: Path, *, seconds: int | None = None, runs: int | Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m lab.hostile.fuzz", description=__doc__.split("\n")[0])
     p.add_argument("--model", type=Path, required=True, help="checkpoint folder")
     p.add_argument("--seconds", type=int, help="fuzz this long")
     p.add_argument("--runs", type=int, help="or this many inputs")
