@@ -85,3 +85,17 @@ def test_a_short_fuzzing_run_finds_nothing(tiny_checkpoint: Path, tmp_path: Path
     assert (result["crashes"], result["mismatches"], result["exit_code"]) == (0, 0, 0), \
         (tmp_path / "fuzz.log").read_text()[-3000:]
     assert result["executions"] >= 1500 and result["coverage"] > 0
+
+
+def test_a_short_soak_balances_its_books(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """The soak's machinery on the tiny checkpoint: every kind of request sent, Redis restarted, SIGHUPs, slow and
+    idle clients; no 5xx, and each key's usage equals the charges its answers carried."""
+    from lab.hostile import soak
+
+    row = soak.run(tiny_checkpoint, tmp_path, replicas=1, seconds=16, warmup_s=2, window_s=6, capacity_s=3,
+                   hup_every_s=5)
+    assert row["server_errors"] == 0 and row["tracebacks_in_logs"] == 0, row
+    assert row["usage_minus_answers_units"] == 0, (row["usage_by_key_units"], row["answers_by_key_units"])
+    statuses = row["statuses"]
+    assert {"200", "400", "401", "413", "422", "429"} <= set(statuses), statuses  # the mix reached every answer
+    assert row["answers"] > 50 and row["fds_start"] > 0 and row["rss_start_mb"] > 0
