@@ -32,6 +32,7 @@ from headbudget.loadtest.service_bench import free_port
 from headbudget.service.auth import hash_key, new_key
 
 HOST = "127.0.0.1"
+CONNECTIONS = 64  # the open loop's keep-alive connections
 TEXTS = ("Stocks rallied after the central bank left interest rates unchanged.",
          "The striker scored twice in the final minutes of the match against the league leaders.",
          "Scientists said the probe sent back images of the planet's rings.",
@@ -240,9 +241,11 @@ def request_of(kind: str, keys: Keys, rng: random.Random) -> tuple[str, str, dic
 
 
 async def _send(client: httpx.AsyncClient, kind: str, keys: Keys, rng: random.Random, t0: float,
-                out: list[Answer]) -> None:
+                out: list[Answer], scheduled: float | None = None) -> None:
+    """One request; its time runs from ``scheduled`` (the open loop's arrival) when given, so that a request
+    waiting for a free connection counts its wait."""
     role, path, headers, body = request_of(kind, keys, rng)
-    start = time.monotonic()
+    start = time.monotonic() if scheduled is None else scheduled
     try:
         r = await client.post(path, headers=headers, content=body)
         status, charge = r.status_code, 0
@@ -329,6 +332,12 @@ def _usage_milli(url: str, key: str) -> int:
     raise RuntimeError(f"/v1/usage answered {r.status_code}")
 
 
+async def _restart(redis: Redis, down_s: float) -> None:
+    await asyncio.to_thread(redis.stop)
+    await asyncio.sleep(down_s)
+    await asyncio.to_thread(redis.start)
+
+
 async def _soak(servers: Servers, redis: Redis, keys: Keys, rps: float, seconds: float, hup_every_s: float,
                 samples: list[dict[str, float]]) -> list[Answer]:
     port = int(servers.url.rsplit(":", 1)[1])
@@ -339,31 +348,39 @@ async def _soak(servers: Servers, redis: Redis, keys: Keys, rps: float, seconds:
     background = [asyncio.create_task(slow_client(port, stop, keys.slow, t0, out)) for _ in range(4)]
     background += [asyncio.create_task(idle_connection(port, stop)) for _ in range(8)]
     next_hup, redis_at, redis_done = hup_every_s, seconds / 2, False
-    pending: set[asyncio.Task[None]] = set()
-    async with httpx.AsyncClient(base_url=servers.url, timeout=60,
-                                 limits=httpx.Limits(max_connections=128, max_keepalive_connections=64)) as client:
-        n = 0
-        while (now := time.monotonic() - t0) < seconds:
-            if now >= next_hup:
-                servers.sighup()
-                next_hup += hup_every_s
-            if not redis_done and now >= redis_at:
-                redis_done = True
-                await asyncio.to_thread(redis.stop)
-                await asyncio.sleep(3.0)
-                await asyncio.to_thread(redis.start)
-            if len(samples) <= now // 10:
-                samples.append({"t": round(now, 1), **servers.sample()})
-            n += 1
-            due = n / rps
-            if due > now:
-                await asyncio.sleep(due - now)
-            if len(pending) < 512:
-                task = asyncio.create_task(_send(client, kinds(rng, 1)[0], keys, rng, t0, out))
-                pending.add(task)
-                task.add_done_callback(pending.discard)
-        await asyncio.gather(*pending)
+    # Arrivals go to a queue that a fixed set of connections serves: a backlog waits there at no cost, where a
+    # connection pool with hundreds of waiters spends the client's CPU on its own bookkeeping.
+    arrivals: asyncio.Queue[tuple[float, str] | None] = asyncio.Queue()
+
+    async def connection() -> None:
+        async with httpx.AsyncClient(base_url=servers.url, timeout=60,
+                                     limits=httpx.Limits(max_connections=1)) as client:
+            while (item := await arrivals.get()) is not None:
+                await _send(client, item[1], keys, rng, t0, out, scheduled=item[0])
+
+    workers = [asyncio.create_task(connection()) for _ in range(CONNECTIONS)]
+    n = 0
+    while (now := time.monotonic() - t0) < seconds:
+        if now >= next_hup:
+            servers.sighup()
+            next_hup += hup_every_s
+        if not redis_done and now >= redis_at:  # beside the load, which goes on meanwhile
+            redis_done = True
+            background.append(asyncio.create_task(_restart(redis, 3.0)))
+        if len(samples) <= now // 10:
+            samples.append({"t": round(now, 1), **servers.sample()})
+        n += 1
+        due = n / rps
+        if due > now:
+            await asyncio.sleep(due - now)
+        arrivals.put_nowait((t0 + due, kinds(rng, 1)[0]))
+    for _ in workers:
+        arrivals.put_nowait(None)
+    await asyncio.gather(*workers)
     stop.set()
+    restart = background.pop() if redis_done else None
+    if restart is not None:
+        await restart  # Redis is back before the books are read
     for task in background:
         task.cancel()
     await asyncio.gather(*background, return_exceptions=True)
