@@ -355,7 +355,7 @@ class RedisState:
                 was_up = False
             finally:  # each closed even when the other fails to
                 with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()
+                    await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # untyped before redis 8.2
                 with contextlib.suppress(RedisError, OSError):
                     await listener.aclose()
             await asyncio.sleep(_WATCH_PAUSE_S)
