@@ -111,6 +111,16 @@ def _scrub(value: Any) -> Any:
     return value
 
 
+def _comparable(answer: tuple[int, Any]) -> tuple[int, Any]:
+    """An answer less what the clock decides: a latency target's budget comes from the engine's timings so far, so
+    of such an answer only its shape is compared (how many results, and everything outside them)."""
+    status, payload = answer
+    if status == 200 and isinstance(payload, dict) and payload.get("budget_source") == "max_latency_ms":
+        return status, {**{k: v for k, v in payload.items() if k not in ("results", "charge")},
+                        "results": len(payload["results"])}
+    return answer
+
+
 class Harness:
     """The app with its lifespan running on a loop of its own; ``answer`` sends one request through it."""
 
@@ -197,7 +207,7 @@ def one_input(harness: Harness) -> Callable[[bytes], None]:
         fast = harness.answer(route, content_type, key, query, body, fast_path=True)
         if route == "/classify":
             slow = harness.answer(route, content_type, key, query, body, fast_path=False)
-            if fast != slow:
+            if _comparable(fast) != _comparable(slow):
                 raise Mismatch(f"{route}?{query!r} {content_type!r} key={key} body={body[:300]!r}:\n"
                                f"fast path {fast!r:.600}\nFastAPI   {slow!r:.600}")
             status, payload = fast

@@ -131,21 +131,32 @@ def optimum_python() -> Path:
     return OPTIMUM_PYTHON
 
 
+def in_optimum(tmp_path: Path, *argv: str) -> str:
+    """Run ``argv`` (a path relative to the optimum environment's bin, then its arguments) there; its stdout."""
+    python = optimum_python()
+    env = {"PATH": os.environ.get("PATH", ""), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([str(python.parent / argv[0]), *argv[1:]], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def assert_optimum_answers_as_the_engine(checkpoint: Path, folder: Path, tmp_path: Path) -> None:
+    """ORTModelForSequenceClassification on ``folder``: the engine's b = 1 labels and logits (fp32, one batch)."""
+    short = TEXTS[:3]  # the fourth is past the token limit, where truncation rules differ
+    got = json.loads(in_optimum(tmp_path, "python", "-c", OPTIMUM, str(folder), json.dumps(short)).splitlines()[-1])
+    _, cfg = checkpoint_config(checkpoint)
+    want = engine_logits(checkpoint, 1.0, "fp32", tmp_path / "cache", alone=False, texts=short)
+    assert got["labels"] == [cfg.labels[int(i)] for i in want.argmax(1)]
+    np.testing.assert_allclose(np.array(got["logits"]), want, atol=1e-4, rtol=0)
+
+
 def test_optimum_answers_the_engines_labels(minilm_shaped_checkpoint: Path, tmp_path: Path) -> None:
     """ORTModelForSequenceClassification (what Infinity's optimum engine runs) loads the exported dense folder,
     unchanged, and answers with the engine's b = 1 labels and logits."""
     out = tmp_path / "dense"
     assert run_cli("export", "--model", str(minilm_shaped_checkpoint), "--out", str(out)).returncode == 0
-    short = TEXTS[:3]  # the fourth is past the token limit, where truncation rules differ
-    env = {"PATH": os.environ.get("PATH", ""), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([str(optimum_python()), "-c", OPTIMUM, str(out), json.dumps(short)], capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
-    _, cfg = checkpoint_config(minilm_shaped_checkpoint)
-    want = engine_logits(minilm_shaped_checkpoint, 1.0, "fp32", tmp_path / "cache", alone=False, texts=short)
-    assert got["labels"] == [cfg.labels[int(i)] for i in want.argmax(1)]
-    np.testing.assert_allclose(np.array(got["logits"]), want, atol=1e-4, rtol=0)
+    assert_optimum_answers_as_the_engine(minilm_shaped_checkpoint, out, tmp_path)
 
 
 def test_optimum_cli_exports_the_hf_folder(minilm_shaped_checkpoint: Path, tmp_path: Path) -> None:
@@ -155,21 +166,9 @@ def test_optimum_cli_exports_the_hf_folder(minilm_shaped_checkpoint: Path, tmp_p
     proc = run_cli("export", "--model", str(minilm_shaped_checkpoint), "--format", "hf", "--out", str(hf))
     assert proc.returncode == 0, proc.stderr
     assert "no remote code" in proc.stdout and "budgets and exits stay in headbudget" in proc.stdout
-    python = optimum_python()
-    env = {"PATH": os.environ.get("PATH", ""), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([str(python.parent / "optimum-cli"), "export", "onnx", "--model", str(hf), "--task",
-                           "text-classification", str(onnx_dir)], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    short = TEXTS[:3]
-    proc = subprocess.run([str(python), "-c", OPTIMUM, str(onnx_dir), json.dumps(short)], capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
-    _, cfg = checkpoint_config(minilm_shaped_checkpoint)
-    want = engine_logits(minilm_shaped_checkpoint, 1.0, "fp32", tmp_path / "cache", alone=False, texts=short)
-    assert got["labels"] == [cfg.labels[int(i)] for i in want.argmax(1)]
-    np.testing.assert_allclose(np.array(got["logits"]), want, atol=1e-4, rtol=0)
+    in_optimum(tmp_path, "optimum-cli", "export", "onnx", "--model", str(hf), "--task", "text-classification",
+               str(onnx_dir))
+    assert_optimum_answers_as_the_engine(minilm_shaped_checkpoint, onnx_dir, tmp_path)
 
 
 def test_only_the_kept_heads_are_in_the_file(minilm_shaped_checkpoint: Path, tmp_path: Path) -> None:
