@@ -21,6 +21,7 @@ from lab.hostile.checks import TIER_MAX
 SERVER_ERRORS = {"ST101", "ST102"}  # a 5xx, or a 5xx's wrong content type
 CUSTOM = {"ST901"}  # our checks: an answer the service promises never to give
 ROOT = Path(__file__).resolve().parents[2]
+CONFIG = Path(__file__).with_name("schemathesis.toml")
 
 
 @dataclass
@@ -51,7 +52,7 @@ def run_schemathesis(url: str, keys: dict[str, str], tier_max: dict[str, float],
     report = SchemaReport()
     for tier, key in keys.items():
         path = out / f"schemathesis-{tier}.json"
-        cmd = [str(exe), "run", f"{url}/openapi.json", "-H", f"X-API-Key: {key}", "--checks", "all",
+        cmd = [str(exe), "--config-file", str(CONFIG), "run", f"{url}/openapi.json", "-H", f"X-API-Key: {key}", "--checks", "all",
                "--exclude-checks", "positive_data_acceptance", "--max-examples", str(max_examples),
                "--seed", str(seed), "--workers", "1", "--report", "json", "--report-json-path", str(path),
                *(["--max-time", str(int(max_time_s))] if max_time_s else [])]
