@@ -419,6 +419,9 @@ def run(model: Path, folder: Path, *, replicas: int, seconds: float, precision: 
     finally:
         servers.stop()
         redis.stop()
+    with open(folder / "answers.jsonl", "w") as f:  # every answer, for windows other than the two reported
+        f.writelines(json.dumps(a.__dict__) + "\n" for a in answers)
+    (folder / "samples.json").write_text(json.dumps(samples))
     after = [s for s in samples if s["t"] >= warmup_s] or samples
     charged = {k: sum(a.charge_milli for a in answers if a.key == k and a.status == 200) for k in usage}
     light = [a for a in answers if a.kind == "light" and a.status == 200]
