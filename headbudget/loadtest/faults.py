@@ -65,7 +65,7 @@ class Redis:
             [self.exe, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "yes",
              "--appendfsync", "always", "--dir", str(self.folder), "--enable-debug-command", "local"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        _wait(lambda: self._call("PING").startswith(b"+PONG"), 20, "redis-server")
+        wait_until(lambda: self._call("PING").startswith(b"+PONG"), 20, "redis-server")
 
     def stall(self, seconds: float) -> None:
         self._call(f"DEBUG SLEEP {seconds}", timeout=seconds + 10)
@@ -94,7 +94,7 @@ class Serve:
         with open(log, "ab") as f:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=f, start_new_session=True)
         self.url = f"http://127.0.0.1:{port}"
-        _wait(lambda: self._ready(), 180, "the server")
+        wait_until(lambda: self._ready(), 180, "the server")
 
     def _ready(self) -> bool:
         if self.proc.poll() is not None:
@@ -110,7 +110,7 @@ class Serve:
         self.proc.wait(60)
 
 
-def _wait(check: Callable[[], bool], timeout_s: float, what: str) -> None:
+def wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
         if time.monotonic() > deadline:
@@ -193,7 +193,7 @@ def run_case(setup: Setup, case: str) -> dict[str, Any]:
         waiting = asyncio.run(_under_load(case, setup, redis, servers[0], journal, key, answers))
         if case == "server_killed_with_journal":
             servers.append(Serve(setup.model, config, port, log, setup.precision))
-        _wait(lambda: journal.pending() == 0, 60, "the journal's replay")
+        wait_until(lambda: journal.pending() == 0, 60, "the journal's replay")
         usage = _usage_units(servers[-1].url, key)
     finally:
         for s in servers:

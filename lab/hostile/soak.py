@@ -27,7 +27,7 @@ import httpx
 import psutil
 
 from headbudget.loadtest.fairness import to_toml
-from headbudget.loadtest.faults import Redis
+from headbudget.loadtest.faults import Redis, wait_until
 from headbudget.loadtest.service_bench import free_port
 from headbudget.service.auth import hash_key, new_key
 
@@ -112,7 +112,7 @@ class Servers:
                                                    start_new_session=True,
                                                    env={**os.environ, "OMP_NUM_THREADS": "1"}))
         for port in ports:
-            _wait(lambda p=port: _ready(f"http://{HOST}:{p}"), 300, "a server")
+            wait_until(lambda p=port: _ready(f"http://{HOST}:{p}"), 300, "a server")
         self.haproxy: subprocess.Popen[bytes] | None = None
         if replicas == 1:
             self.url = f"http://{HOST}:{ports[0]}"
@@ -126,7 +126,7 @@ class Servers:
             self.haproxy = subprocess.Popen([exe, "-db", "-f", str(cfg)], stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True)
         self.url = f"http://{HOST}:{front}"
-        _wait(lambda: _ready(self.url), 30, "haproxy")
+        wait_until(lambda: _ready(self.url), 30, "haproxy")
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
@@ -175,14 +175,6 @@ def _ready(url: str) -> bool:
         return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-def _wait(check: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} was not ready in {timeout_s:g} s")
-        time.sleep(0.2)
 
 
 @dataclass
