@@ -4,10 +4,16 @@ A request names a fixed budget, ``auto`` under a ceiling, or a latency target. T
 latency target into a budget (it depends on the queue) and may lower any budget under load (``at``); the
 engine runs a ``Fixed`` or an ``Auto`` (``Engine.run``), and the checkpoint says how it serves ``auto``
 (``ModelInfo.resolve``). Nobody downstream re-reads the client's fields.
+
+What a kind means for pricing and planning lives here, one method per question: the most it may run
+(``priced``: what admission prices and reserves), the budget it states before it is planned (``stated``: its
+weight in the queue), and the budget it asks for at dispatch (``want``). A new kind is one class here and its
+HTTP edge.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 __all__ = ["Auto", "BudgetRequest", "Fixed", "LatencyTarget", "Runnable"]
@@ -23,6 +29,17 @@ class Fixed:
         """This request run at ``budget`` (the planner's choice: its own, or lower under load)."""
         return Fixed(budget)
 
+    def priced(self, max_budget: float) -> float:
+        """The most it may run under a tier of ``max_budget``: its budget (a cap, on a type that picks its own
+        heads)."""
+        return self.budget
+
+    def stated(self, default: float) -> float:
+        return self.budget
+
+    def want(self, waited_s: float, allowed: Sequence[float], cost_s: Callable[[float], float]) -> float:
+        return self.budget
+
 
 @dataclass(frozen=True)
 class Auto:
@@ -36,6 +53,16 @@ class Auto:
         """This request under the ceiling ``budget`` (lower than its own under load)."""
         return Auto(budget, self.target)
 
+    def priced(self, max_budget: float) -> float:
+        """Its ceiling: all of a text's passes together never cost more than one pass there."""
+        return self.ceiling
+
+    def stated(self, default: float) -> float:
+        return self.ceiling
+
+    def want(self, waited_s: float, allowed: Sequence[float], cost_s: Callable[[float], float]) -> float:
+        return self.ceiling
+
 
 @dataclass(frozen=True)
 class LatencyTarget:
@@ -47,6 +74,21 @@ class LatencyTarget:
     def at(self, budget: float) -> Fixed:
         """The budget the planner found for this target."""
         return Fixed(budget)
+
+    def priced(self, max_budget: float) -> float:
+        """The tier's maximum: the planner may pick any budget up to it."""
+        return max_budget
+
+    def stated(self, default: float) -> float:
+        """``default`` (the tier's): its budget depends on the queue, known only at dispatch."""
+        return default
+
+    def want(self, waited_s: float, allowed: Sequence[float], cost_s: Callable[[float], float]) -> float:
+        """The highest of ``allowed`` (ascending) whose estimated seconds (``cost_s``) fit the time left after
+        ``waited_s`` in the queue; the lowest when none does."""
+        left_s = self.max_latency_ms / 1000.0 - waited_s
+        fitting = [b for b in allowed if cost_s(b) <= left_s]
+        return fitting[-1] if fitting else allowed[0]
 
 
 BudgetRequest = Fixed | Auto | LatencyTarget

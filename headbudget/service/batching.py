@@ -313,8 +313,7 @@ class Batcher:
             self._set_idle()
             if not isinstance(e, EngineError):
                 log.exception("engine failed on a batch")
-            for job in batch:
-                _deliver(job, e)
+            _deliver_all([(job, e) for job in batch])
             return None
         # The engine's CPU includes tokenizing the batch, which admission did for the priced requests
         wall, cpu = time.monotonic() - started, time.thread_time() - cpu_started + tokenize_cpu_s
@@ -332,8 +331,9 @@ class Batcher:
 
     def _answer(self, batch: list[Job], result: BatchResult, applied: dict[int, float], wants: dict[int, float],
                 started: float, auto: bool) -> None:
-        """Hand each job its texts' predictions, and count the compute that degrading took from it."""
-        offset = 0
+        """Hand each job its texts' predictions (in one wake-up of the event loop), and count the compute that
+        degrading took from it."""
+        offset, outcomes = 0, []
         for job in batch:
             preds = result.predictions[offset:offset + len(job.texts)]
             offset += len(job.texts)
@@ -342,10 +342,11 @@ class Batcher:
                 assert self.meter is not None and self._unit is not None
                 self._metrics.observe_degraded_compute(
                     job.tier.name, degraded_units(self.meter, self._unit, want, mine, [p.n_tokens for p in preds]))
-            _deliver(job, JobResult(
+            outcomes.append((job, JobResult(
                 predictions=preds, budget_requested=want, budget_applied=mine,
                 heads_active=result.heads_active, heads_total=result.heads_total, latency_s=result.latency_s,
-                queue_s=started - job.enqueued, degraded=mine < want, auto=auto))
+                queue_s=started - job.enqueued, degraded=mine < want, auto=auto)))
+        _deliver_all(outcomes)
 
 
 def _learn_latency(latency: LatencyModel, texts: list[str], result: BatchResult, budget: float, wall_ms: float,
@@ -382,20 +383,28 @@ def degraded_units(meter: Meter, unit: ComputeUnit, want: float, applied: float,
 
 def _deliver(job: Job, outcome: JobResult | BaseException) -> None:
     """Hand a result or error to the waiting coroutine, from the engine thread."""
+    _deliver_all([(job, outcome)])
+
+
+def _deliver_all(outcomes: Sequence[tuple[Job, JobResult | BaseException]]) -> None:
+    """Hand a batch's results or errors to their waiting coroutines, from the engine thread: one callback on the
+    event loop for the whole batch (one wake-up, not one a request)."""
+    if not outcomes:
+        return
 
     def _set() -> None:
-        if job.parent is not None:
-            _part_done(job, job.parent, outcome)
-            return
-        if job.future.done():
-            return
-        if isinstance(outcome, BaseException):
-            job.future.set_exception(outcome)
-        else:
-            job.future.set_result(outcome)
+        for job, outcome in outcomes:
+            if job.parent is not None:
+                _part_done(job, job.parent, outcome)
+            elif job.future.done():
+                continue
+            elif isinstance(outcome, BaseException):
+                job.future.set_exception(outcome)
+            else:
+                job.future.set_result(outcome)
 
     try:
-        job.loop.call_soon_threadsafe(_set)
+        outcomes[0][0].loop.call_soon_threadsafe(_set)
     except RuntimeError:  # the loop is closed: nobody is waiting any more
         pass
 

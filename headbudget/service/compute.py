@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from itertools import repeat
 
 from headbudget.engine.protocol import Meter
-from headbudget.engine.types import Auto, BudgetRequest, Cost, Fixed, LatencyTarget, Prediction, Tokens
+from headbudget.engine.types import Cost, Prediction, Tokens
 from headbudget.service.errors import ComputeCapExceeded
 from headbudget.service.settings import TierConfig
 
@@ -107,17 +107,6 @@ class Quote:
     @property
     def total(self) -> int:
         return sum(self.texts)
-
-
-def priced_budget(request: BudgetRequest, tier: TierConfig) -> float:
-    """The most ``request`` may run, what it is priced and admitted at; what ran is charged after the answer."""
-    match request:
-        case Fixed(budget):
-            return budget  # on a type that picks its own heads, the cap
-        case Auto(ceiling):
-            return ceiling  # all of a text's passes together never cost more than one pass at the ceiling
-        case LatencyTarget():
-            return tier.max_budget  # the planner picks a budget up to the tier's maximum
 
 
 def quote(meter: Meter, unit: ComputeUnit, texts: Sequence[str], budget: float) -> Quote:

@@ -1,12 +1,16 @@
-"""/classify between HTTP and the queue: choose the budget, queue the texts, wait (or drop if the client
-leaves), shape the answer, remember it for feedback."""
+"""The one pipeline of every route that classifies, from a parsed request to its answer: choose the budget,
+admit and price, queue the texts, wait (or drop if the client leaves), charge, count and remember what ran.
+
+/classify (its fast path and its FastAPI route) and TEI's /predict and / parse their own bodies into a ``Call``
+and hand it to ``classify_call``; each shapes the ``Answered`` into its own body.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -14,7 +18,7 @@ from starlette.requests import Request
 
 from headbudget.engine.types import Auto, BudgetRequest, Fixed, LatencyTarget
 from headbudget.service.auth import Caller, admit, check_budget
-from headbudget.service.compute import Bill, Quote, bill, check_cap, floor_quote, priced_budget, quote, units
+from headbudget.service.compute import Bill, Quote, bill, check_cap, floor_quote, quote, units
 from headbudget.service.errors import BadRequest, ClientGone, InvalidRequest, Unavailable
 from headbudget.service.jobs import Job, JobResult
 from headbudget.service.journal import Entry
@@ -70,11 +74,11 @@ class BudgetChoice:
         return self.request.max_latency_ms if isinstance(self.request, LatencyTarget) else None
 
 
-def choose_budget(body: ClassifyRequest, params: BudgetParams, caller: Caller, supports_auto: bool,
+def choose_budget(body: BudgetParams, params: BudgetParams, caller: Caller, supports_auto: bool,
                   decider_pending: bool = False) -> BudgetChoice:
-    """Merge query and body (else the tier default), check the tier's maximum (403), and reject auto where
-    unsupported (400). ``auto`` runs under a ceiling: the request's ``max_budget`` (403 above the tier's
-    max_budget, like a budget), else the tier's max_budget."""
+    """Merge query (``params``) and body (else the tier default), check the tier's maximum (403), and reject auto
+    where unsupported (400; 503 while the decider is being made). ``auto`` runs under a ceiling: the request's
+    ``max_budget`` (403 above the tier's max_budget, like a budget), else the tier's max_budget."""
     if params.budget is not None and body.budget is not None:
         raise InvalidRequest("give budget in the query or in the body, not both")
     if params.max_latency_ms is not None and body.max_latency_ms is not None:
@@ -141,13 +145,38 @@ async def _wait(request: Request, job: Job) -> JobResult:
         watcher.cancel()
 
 
+@dataclass(frozen=True)
+class Call:
+    """One classification request as its route parsed it: what every route that classifies hands the pipeline."""
+
+    texts: list[str]
+    outside: BudgetParams  # the budget fields outside the body: query parameters (TEI: or headers)
+    inside: BudgetParams = BudgetParams()  # the body's own (/classify)
+    # Run on the exact price before the request is queued (TEI without truncation: 422 for a text over the token
+    # limit, before it runs or is charged)
+    check_tokens: Callable[[Quote], None] | None = None
+
+
+async def classify_call(runtime: Runtime, caller: Caller, call: Call, request: Request
+                        ) -> tuple[BudgetChoice, Answered]:
+    """A validated, authenticated request of any route that classifies, start to finish."""
+    supports_auto = runtime.info.supports_auto if runtime.info else False
+    choice = choose_budget(call.inside, call.outside, caller, supports_auto, runtime.decider_pending)
+    priced = None
+    if call.check_tokens is not None:
+        priced = await price(runtime, caller.tier, call.texts, choice)
+        call.check_tokens(priced)
+    return choice, await run(runtime, caller, call.texts, choice, request, priced)
+
+
 async def answer(runtime: Runtime, caller: Caller, body: ClassifyRequest, params: BudgetParams,
                  request: Request) -> dict[str, Any]:
-    """A validated, authenticated /classify request, start to finish (the route and the fast path): the answer's
-    body, as ``classify`` builds it."""
-    supports_auto = runtime.info.supports_auto if runtime.info else False
-    choice = choose_budget(body, params, caller, supports_auto, runtime.decider_pending)
-    return await classify(runtime, caller, body, choice, request)
+    """A validated, authenticated /classify request (the route and the fast path): the answer's body, as
+    ``classify_body`` builds it."""
+    started = time.perf_counter()
+    call = Call(body.all_texts(), params, BudgetParams(body.budget, body.max_latency_ms, body.max_budget))
+    choice, answered = await classify_call(runtime, caller, call, request)
+    return classify_body(runtime, caller, choice, answered, request, started)
 
 
 # Texts longer than this in all are tokenized for their price in the loop's executor (the tokenizer releases the
@@ -175,7 +204,7 @@ async def price(runtime: Runtime, tier: TierConfig, texts: list[str], choice: Bu
     meter, unit = runtime.batcher.meter, runtime.unit
     if meter is None or unit is None:
         raise Unavailable("the model is not loaded yet", retry_after_s=5)
-    budget = priced_budget(choice.request, tier)
+    budget = choice.request.priced(tier.max_budget)
     if _priced_inline(texts):
         return quote(meter, unit, texts, budget)
     return await asyncio.get_running_loop().run_in_executor(None, quote, meter, unit, texts, budget)
@@ -202,7 +231,7 @@ async def run(runtime: Runtime, caller: Caller, texts: list[str], choice: Budget
     tier = caller.tier
     admitted = priced
     if priced is None and metered(tier):
-        admitted = floor_quote(meter, runtime.unit, texts, priced_budget(choice.request, tier))
+        admitted = floor_quote(meter, runtime.unit, texts, choice.request.priced(tier.max_budget))
     if admitted is not None:
         check_cap(tier, admitted)
     charge = admitted.total if admitted is not None else 0  # what the quota holds until the answer settles it
@@ -232,8 +261,8 @@ async def run(runtime: Runtime, caller: Caller, texts: list[str], choice: Budget
     if reserved and charged.total != charge:  # degraded, auto, or a type that chose fewer heads: what ran
         await _settle(runtime, caller, charged.total - charge, charge_id)
     applied = text_budgets(result)
-    runtime.metrics.observe_answer(tier.name, [p.cost for p in result.predictions], result.degraded)
-    runtime.metrics.observe_charge(tier.name, caller.name, units(charged.total), units(charged.saved))
+    runtime.metrics.observe_answer(tier.name, caller.name, [p.cost for p in result.predictions], result.degraded,
+                                   units(charged.total), units(charged.saved))
     await _record_usage(runtime, caller, len(texts), charged, charge_id)
     await _remember(runtime, request.state.request_id, caller, result, applied)
     _annotate(request, choice, result, len(texts), charged)
@@ -270,14 +299,11 @@ async def _settle(runtime: Runtime, caller: Caller, delta: int, charge_id: str) 
         log.warning("could not settle a request's charge: %s", e)
 
 
-async def classify(runtime: Runtime, caller: Caller, body: ClassifyRequest, choice: BudgetChoice,
-                   request: Request) -> dict[str, Any]:
-    """Run one /classify request through the queue and build its answer: ClassifyResponse's fields in its order,
-    as plain data. The fast path writes it as it is (pydantic-core's JSON, as model_dump_json writes the model);
-    the route validates it into the model: building the models would validate every one of the server's own
-    numbers again."""
-    started = time.perf_counter()
-    answered = await run(runtime, caller, body.all_texts(), choice, request)
+def classify_body(runtime: Runtime, caller: Caller, choice: BudgetChoice, answered: Answered, request: Request,
+                  started: float) -> dict[str, Any]:
+    """/classify's answer: ClassifyResponse's fields in its order, as plain data. The fast path writes it as it is
+    (pydantic-core's JSON, as model_dump_json writes the model); the route validates it into the model: building
+    the models would validate every one of the server's own numbers again."""
     info, result = runtime.info, answered.result
     assert info is not None
     requested: float | str = "auto" if choice.auto else float(result.budget_requested)

@@ -10,9 +10,10 @@ serve`` does): values then live in shared files and ``render`` aggregates them a
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Generic, TypeVar
 
 from prometheus_client import (
@@ -76,6 +77,8 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         # [metrics] per_key: the compute counters get a key label (the key's name): a series per key.
         self.per_key = per_key
+        # answers observed and not yet counted: (tier, key, costs, degraded, charged, saved)
+        self._answers: list[tuple[str, str, Sequence[Cost], bool, float, float]] = []
         self._declare_requests(latency_targets_s)
         self._declare_passes()
         self._declare_costs()
@@ -207,22 +210,53 @@ class Metrics:
         self._engine_tokens("text").inc(own)
         self._engine_tokens("padding").inc(padding)
 
-    def observe_answer(self, tier: str, costs: Iterable[Cost], degraded: bool) -> None:
-        """One classify answer: each text's cost (whole forward pass and attention); whether it was degraded."""
-        cost_ratio, macs, macs_saved = self._cost_ratio(tier), self._macs(tier), self._macs_saved(tier)
-        attention_ratio, attention_macs = self._attention_cost_ratio(tier), self._attention_macs(tier)
-        attention_saved = self._attention_macs_saved(tier)
-        for c in costs:
-            # Under a decider's auto a text's passes add up: its attention blocks may cost more than one dense
-            # pass's (two passes of a whole-model budget), which saved nothing rather than a negative amount.
-            cost_ratio.observe(c.ratio)
-            macs.inc(c.total_macs)
-            macs_saved.inc(max(0, c.saved))
-            attention_ratio.observe(c.attention_ratio)
-            attention_macs.inc(c.attention_macs)
-            attention_saved.inc(max(0, c.attention_saved))
-        if degraded:
-            self.degraded.labels(tier=tier).inc()
+    def observe_answer(self, tier: str, key: str, costs: Sequence[Cost], degraded: bool, charged: float,
+                       saved: float) -> None:
+        """One classify answer: each text's cost (whole forward pass and attention), whether it was degraded, and
+        its charge and what that saved (compute units). Counted with the other answers of the loop's turn (a
+        batch's answers arrive in one): its counters once a turn, not once a request; ``render`` counts what is
+        pending first."""
+        self._answers.append((tier, key, costs, degraded, charged, saved))
+        if len(self._answers) == 1:
+            try:
+                asyncio.get_running_loop().call_soon(self.flush_answers)
+            except RuntimeError:  # no loop (a script): now
+                self.flush_answers()
+
+    def flush_answers(self) -> None:
+        """Count the answers observed since the last flush: histograms per text, counters once per series."""
+        answers, self._answers = self._answers, []
+        if not answers:
+            return
+        sums: dict[str, list[float]] = {}  # tier -> macs, saved, attention macs, attention saved, degraded
+        spend: dict[tuple[str, ...], list[float]] = {}  # compute counters' labels -> charged, saved
+        for tier, key, costs, degraded, charged, saved in answers:
+            t = sums.setdefault(tier, [0, 0, 0, 0, 0])
+            cost_ratio, attention_ratio = self._cost_ratio(tier), self._attention_cost_ratio(tier)
+            for c in costs:
+                # Under a decider's auto a text's passes add up: its attention blocks may cost more than one
+                # dense pass's (two passes of a whole-model budget), which saved nothing rather than a negative
+                # amount.
+                cost_ratio.observe(c.ratio)
+                attention_ratio.observe(c.attention_ratio)
+                t[0] += c.total_macs
+                t[1] += max(0, c.saved)
+                t[2] += c.attention_macs
+                t[3] += max(0, c.attention_saved)
+            t[4] += degraded
+            k = spend.setdefault((tier, key) if self.per_key else (tier,), [0.0, 0.0])
+            k[0] += charged
+            k[1] += saved
+        for tier, (macs, macs_saved, attention, attention_saved, degraded_n) in sums.items():
+            self._macs(tier).inc(macs)
+            self._macs_saved(tier).inc(macs_saved)
+            self._attention_macs(tier).inc(attention)
+            self._attention_macs_saved(tier).inc(attention_saved)
+            if degraded_n:
+                self.degraded.labels(tier=tier).inc(degraded_n)
+        for labels, (charged, saved) in spend.items():
+            self._compute_units(*labels).inc(charged)
+            self._compute_units_saved(*labels).inc(saved)
 
     def observe_degraded_compute(self, tier: str, units: float) -> None:
         """Compute units a request asked for but did not run because its budget was lowered."""
@@ -234,12 +268,6 @@ class Metrics:
         has no value for prometheus-adapter, and a missing metric stops the HPA from scaling down."""
         for tier in tiers:
             self.compute_degraded_units.labels(tier=tier)
-
-    def observe_charge(self, tier: str, key: str, charged: float, saved: float) -> None:
-        """One answered request's charge and what it saved, in compute units."""
-        labels = (tier, key) if self.per_key else (tier,)
-        self._compute_units(*labels).inc(charged)
-        self._compute_units_saved(*labels).inc(saved)
 
     def observe_feedback(self, budget_label: str, correct: bool, accuracy: float | None) -> None:
         """One feedback outcome and, when known, the budget's new rolling accuracy."""
@@ -264,6 +292,7 @@ class Metrics:
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text (aggregated over workers in multiprocess mode) and its content type."""
+        self.flush_answers()
         if multiprocess_dir():
             registry = CollectorRegistry()
             prom_mp.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]

@@ -29,7 +29,7 @@ import math
 from collections.abc import Hashable, Sequence
 
 from headbudget.engine.protocol import Engine
-from headbudget.engine.types import Auto, Fixed, LatencyTarget
+from headbudget.engine.types import Auto
 from headbudget.service.jobs import Job
 from headbudget.service.latency import LatencyModel
 
@@ -50,25 +50,16 @@ class Planner:
         return cached
 
     def want(self, job: Job, now: float) -> float:
-        """The budget a request asks for, before any degradation."""
-        match job.request:
-            case Fixed(budget) | Auto(budget):
-                return budget
-            case LatencyTarget(max_latency_ms):
-                left_s = max_latency_ms / 1000.0 - (now - job.enqueued)
-                allowed = [b for b in self.grid if b <= job.tier.max_budget + 1e-9] or [self.grid[0]]
-                fitting = [b for b in allowed if self.cost_s(job, b) <= left_s]
-                return fitting[-1] if fitting else allowed[0]
+        """The budget a request asks for, before any degradation (a latency target: among the grid budgets up to
+        its tier's maximum)."""
+        allowed = [b for b in self.grid if b <= job.tier.max_budget + 1e-9] or [self.grid[0]]
+        return job.request.want(now - job.enqueued, allowed, lambda b: self.cost_s(job, b))
 
     @staticmethod
     def stated(job: Job) -> float:
-        """The budget a request states before it is planned: its own (auto: its ceiling); for a latency target,
-        which depends on the queue, its tier's default."""
-        match job.request:
-            case Fixed(budget) | Auto(budget):
-                return budget
-            case LatencyTarget():
-                return job.tier.default_cap
+        """The budget a request states before it is planned (``BudgetRequest.stated``, a latency target's being
+        its tier's default)."""
+        return job.request.stated(job.tier.default_cap)
 
     def wait_at_floor_s(self, pending: Sequence[Job], job: Job) -> float:
         """Seconds of work queued ahead of ``job`` if every degrading request ran at its tier's minimum."""

@@ -322,3 +322,20 @@ async def test_overload_and_failures_in_tei_shape() -> None:
         app.state.runtime.draining = True
         assert tei_error(await client.get("/health"), 503, "Unhealthy") == "unhealthy"
         app.state.runtime.draining = False
+
+
+@pytest.mark.anyio
+async def test_auto_while_the_decider_is_made_is_503_on_every_route() -> None:
+    """One pipeline: TEI's auto waits for the decider as /classify's does (503 with Retry-After, TEI's
+    `Unhealthy`), and both answer auto once it is loaded."""
+    async with running_app() as (client, app, _):
+        runtime = app.state.runtime
+        runtime.decider_pending = True
+        classify = await client.post("/classify?budget=auto", json={"text": "x"}, headers=key())
+        assert classify.status_code == 503 and classify.json()["error"]["code"] == "unavailable"
+        predict = await client.post("/predict?budget=auto", json={"inputs": "x"}, headers=key())
+        assert "decider" in tei_error(predict, 503, "Unhealthy")
+        assert int(predict.headers["retry-after"]) >= 1
+        runtime.decider_pending = False  # no decider after all: auto is a bad request on both
+        assert (await client.post("/classify?budget=auto", json={"text": "x"}, headers=key())).status_code == 400
+        tei_error(await client.post("/predict?budget=auto", json={"inputs": "x"}, headers=key()), 422, "Validation")

@@ -15,7 +15,6 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import headbudget
@@ -23,7 +22,7 @@ from headbudget.engine.errors import BudgetError, EngineError, InputError
 from headbudget.engine.types import Prediction
 from headbudget.service import inference
 from headbudget.service.auth import Caller
-from headbudget.service.compute import unit_text, units
+from headbudget.service.compute import Quote, unit_text, units
 from headbudget.service.deps import MeteredCallerDep, RuntimeDep
 from headbudget.service.errors import (
     ApiError,
@@ -41,7 +40,6 @@ from headbudget.service.schemas import (
     MAX_TEXTS,
     BudgetParam,
     BudgetValue,
-    ClassifyRequest,
     ErrorBody,
 )
 from headbudget.service.tei_schemas import (
@@ -265,19 +263,18 @@ async def _predict(body: PredictRequest, request: Request, runtime: Runtime, cal
     if max_budget is not None and x_max_budget is not None:
         raise _validation("give max_budget in the X-Max-Budget header or the max_budget query parameter, not both")
     texts = _cut_chars(texts, truncate)
-    try:
-        classify_body = ClassifyRequest(text=None, texts=texts, budget=None, max_latency_ms=None, max_budget=None)
-    except ValidationError as e:  # not reached: _texts checked what ClassifyRequest checks
-        raise _validation(str(e)) from None
-    info = runtime.info
     asked = inference.BudgetParams(budget=budget if budget is not None else x_budget,
                                    max_budget=max_budget if max_budget is not None else x_max_budget)
-    choice = inference.choose_budget(classify_body, asked, caller, info.supports_auto if info else False)
-    priced = None
-    if not truncate or body.truncation_direction.lower() == "left":  # refused before it runs if a text is cut
-        priced = await inference.price(runtime, caller.tier, texts, choice)
-        _check_cut(runtime, [cut for _, cut in priced.tokens], truncate, body.truncation_direction)
-    answered = await inference.run(runtime, caller, texts, choice, request, priced)
+    direction = body.truncation_direction
+
+    def refuse_cut(priced: Quote) -> None:
+        _check_cut(runtime, [cut for _, cut in priced.tokens], truncate, direction)
+
+    # refused before it runs where a text would be cut
+    check = refuse_cut if not truncate or direction.lower() == "left" else None
+    _, answered = await inference.classify_call(runtime, caller, inference.Call(texts, asked, check_tokens=check),
+                                                request)
+    info = runtime.info
     result = answered.result
     labels = info.labels if info else ()
     how = "none" if body.raw_scores else (params.function_to_apply if params and params.function_to_apply
