@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from headbudget.service.schemas import ClassifyResponse, FeedbackResponse, ModelList, Readiness
+from headbudget.service.http.schemas import ClassifyResponse, FeedbackResponse, ModelList, Readiness
 
 __all__ = ["AsyncClient", "Client", "HeadbudgetError", "RetryPolicy"]
 

@@ -31,8 +31,8 @@ from headbudget.experiments.bench import code_commit, cpu_name
 from headbudget.loadtest.fairness import long_texts
 from headbudget.loadtest.refusal_cost import CASES
 from headbudget.loadtest.refusal_cost import config as refusal_config
+from headbudget.service.accounting.auth import hash_key, new_key
 from headbudget.service.app import create_app, default_engine_factory
-from headbudget.service.auth import hash_key, new_key
 from headbudget.service.logs import configure_logging
 from headbudget.service.settings import ServeSettings, ServiceConfig, load_config, parse_config
 from lab.script_output import check_out, write_doc

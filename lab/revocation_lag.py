@@ -31,9 +31,9 @@ from headbudget.commands.parser import OneLineParser
 from headbudget.experiments.bench import code_commit, cpu_name
 from headbudget.loadtest.fairness import local_redis, to_toml
 from headbudget.loadtest.service_bench import Server
-from headbudget.service.auth import hash_key, new_key
-from headbudget.service.redis_state import RedisState
+from headbudget.service.accounting.auth import hash_key, new_key
 from headbudget.service.settings import StateConfig
+from headbudget.service.state.redis_store import RedisState
 from lab.script_output import check_out, write_doc
 
 CONNECTIONS = 4

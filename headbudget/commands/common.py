@@ -39,7 +39,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
 
 def budget_arg(text: str) -> float:
     """argparse type: a budget the API would take, a finite number in [MIN_BUDGET, 1]."""
-    from headbudget.service.schemas import MIN_BUDGET
+    from headbudget.service.http.schemas import MIN_BUDGET
 
     wrong = f"budget must be a number in [{MIN_BUDGET:g}, 1], got {text!r}"
     try:

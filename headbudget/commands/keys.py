@@ -87,7 +87,7 @@ def _toml_string(s: str) -> str:
 
 
 def run_add(args: argparse.Namespace) -> int:
-    from headbudget.service.auth import hash_key, new_key
+    from headbudget.service.accounting.auth import hash_key, new_key
 
     config = _load(args.config)
     if args.tier not in config.tiers:
@@ -185,8 +185,8 @@ def _share(config: Any, sha256: str, when: datetime | None) -> None:
         return
     import asyncio
 
-    from headbudget.service.redis_state import RedisState
-    from headbudget.service.state import StateUnavailable
+    from headbudget.service.state.redis_store import RedisState
+    from headbudget.service.state.store import StateUnavailable
 
     async def revoke() -> None:
         store = RedisState(config.state)

@@ -1,7 +1,7 @@
 """``headbudget usage``: compute usage per key and UTC day from the state store (Redis), as CSV or JSON lines.
 
 The workers add every answered request to its key's day in Redis (units and saved units in compute units,
-requests, texts, tokens; service/state.py); this command reads them back for billing. Without Redis each worker
+requests, texts, tokens; service/state/store.py); this command reads them back for billing. Without Redis each worker
 counts in its own memory and nothing outlives it, so there is nothing to export: that is an error, not an empty list.
 
 ``--reconcile LOG ...`` compares the answers an access log holds with the store: each answered request's charge id
@@ -86,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _rows(state: Any, since: str | None, until: str | None) -> list[Any]:
-    from headbudget.service.redis_state import RedisState
-    from headbudget.service.state import StateUnavailable
+    from headbudget.service.state.redis_store import RedisState
+    from headbudget.service.state.store import StateUnavailable
 
     store = RedisState(state)
     try:
@@ -110,7 +110,7 @@ class _Answered:
 
 def _answers(logs: list[Path]) -> dict[str, _Answered]:
     """Every 200 answer with a charge id in the logs, by key name (a line that is not a JSON object is skipped)."""
-    from headbudget.service.compute import milli_of_units
+    from headbudget.service.accounting.compute import milli_of_units
 
     by_key: dict[str, _Answered] = {}
     for path in logs:
@@ -136,7 +136,7 @@ def _answers(logs: list[Path]) -> dict[str, _Answered]:
 
 
 def _reconcile(state: Any, logs: list[Path], fmt: str) -> int:
-    from headbudget.service.compute import units
+    from headbudget.service.accounting.compute import units
 
     answered = _answers(logs)
     if not answered:
@@ -158,8 +158,8 @@ def _reconcile(state: Any, logs: list[Path], fmt: str) -> int:
 
 async def _look_up(state: Any, answered: dict[str, _Answered]) -> dict[str, int]:
     """Note each answer the store lacks; each key's units in the store over its log's days."""
-    from headbudget.service.redis_state import RedisState
-    from headbudget.service.state import StateUnavailable
+    from headbudget.service.state.redis_store import RedisState
+    from headbudget.service.state.store import StateUnavailable
 
     store = RedisState(state)
     try:
@@ -191,7 +191,7 @@ def _safe_url(url: str) -> str:
 
 
 def _write(rows: list[Any], fmt: str) -> None:
-    from headbudget.service.compute import units
+    from headbudget.service.accounting.compute import units
 
     records = [{"day": r.day, "key": r.name, "owner": r.owner, "tier": r.tier, "units": units(r.usage.units),
                 "requests": r.usage.requests, "texts": r.usage.texts, "tokens": r.usage.tokens,

@@ -39,7 +39,7 @@ import httpx
 from headbudget.commands.parser import OneLineParser
 from headbudget.engine.names import PRECISION_NAMES
 from headbudget.loadtest.service_bench import Server, free_port, pct, pinned
-from headbudget.service.auth import hash_key, new_key
+from headbudget.service.accounting.auth import hash_key, new_key
 
 PROG = "fairness"
 WORDS = ("market shares rose after the central bank held rates steady while oil prices fell and investors weighed "

@@ -39,8 +39,8 @@ from headbudget.commands.parser import OneLineParser
 from headbudget.engine.names import PRECISION_NAMES
 from headbudget.loadtest.fairness import server_config, to_toml
 from headbudget.loadtest.service_bench import free_port
-from headbudget.service.auth import new_key
-from headbudget.service.journal import UsageJournal
+from headbudget.service.accounting.auth import new_key
+from headbudget.service.accounting.journal import UsageJournal
 
 PROG = "faults"
 TEXTS = ("stocks rally as tech earnings beat forecasts", "the striker scored twice before halftime",

@@ -26,9 +26,9 @@ import httpx
 from headbudget.commands.parser import OneLineParser
 from headbudget.engine.names import PRECISION_NAMES
 from headbudget.loadtest.service_bench import Server
-from headbudget.service.auth import hash_key
+from headbudget.service.accounting.auth import hash_key
 
-TEXTS = 64  # the most texts a request may carry (service/schemas.py MAX_TEXTS)
+TEXTS = 64  # the most texts a request may carry (service/http/schemas.py MAX_TEXTS)
 KEYS = {f"tenant{i}": f"hb_memory_tenant{i}_key_000000000000000" for i in range(1, 4)}
 SHORT = "A new chip promises faster machine learning on phones."
 

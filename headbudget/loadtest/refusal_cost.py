@@ -34,7 +34,7 @@ from headbudget.experiments.bench import code_commit, cpu_name
 from headbudget.loadtest import wire
 from headbudget.loadtest.fairness import long_texts, to_toml
 from headbudget.loadtest.service_bench import Server, pinned, tree_cpu_s
-from headbudget.service.auth import hash_key, new_key
+from headbudget.service.accounting.auth import hash_key, new_key
 
 PROG = "refusal_cost"
 BODY = "64 texts x 600 words (512 tokens each after the cut)"

@@ -42,7 +42,7 @@ from headbudget.loadtest.concurrency import (
     step,
 )
 from headbudget.loadtest.service_bench import CONFIG, Server, free_port, pinned
-from headbudget.service.auth import hash_key
+from headbudget.service.accounting.auth import hash_key
 
 PROG = "python -m headbudget.loadtest.serving_limit"
 KEY = "hb_limit_key_000000000000000000000000000"

@@ -17,15 +17,15 @@ from fastapi import FastAPI
 import headbudget
 from headbudget.engine.protocol import Engine
 from headbudget.service.errors import install_error_handlers
-from headbudget.service.fastpath import ClassifyFastPath
+from headbudget.service.http.fastpath import ClassifyFastPath
+from headbudget.service.http.middleware import RequestContextMiddleware
+from headbudget.service.http.routes import classify, feedback, health, models, tei, usage
+from headbudget.service.http.routes.docs import install_docs
+from headbudget.service.http.routes.playground import install_playground
 from headbudget.service.metrics import mark_worker_dead
-from headbudget.service.middleware import RequestContextMiddleware
-from headbudget.service.routes import classify, feedback, health, models, tei, usage
-from headbudget.service.routes.docs import install_docs
-from headbudget.service.routes.playground import install_playground
 from headbudget.service.runtime import Runtime
 from headbudget.service.settings import ServeSettings, ServiceConfig, load_config
-from headbudget.service.state import StateStore
+from headbudget.service.state.store import StateStore
 
 log = logging.getLogger("headbudget.service")
 # FastAPI's native OpenTelemetry (0.16x) asks the global OpenTelemetry providers on every request whether one is

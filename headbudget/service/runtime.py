@@ -10,14 +10,14 @@ from pathlib import Path
 
 from headbudget.engine.protocol import Engine
 from headbudget.engine.types import ModelInfo
-from headbudget.service.auth import RateMemo
-from headbudget.service.batching import Batcher
-from headbudget.service.compute import ComputeUnit
-from headbudget.service.journal import UsageJournal, replay_while_running
+from headbudget.service.accounting.auth import RateMemo
+from headbudget.service.accounting.compute import ComputeUnit
+from headbudget.service.accounting.journal import UsageJournal, replay_while_running
 from headbudget.service.metrics import Metrics
+from headbudget.service.scheduling.batching import Batcher
 from headbudget.service.settings import ConfigError, ServiceConfig, load_config, utc_text
-from headbudget.service.state import StateStore, StateUnavailable
-from headbudget.service.stores import make_state
+from headbudget.service.state.store import StateStore, StateUnavailable
+from headbudget.service.state.stores import make_state
 
 log = logging.getLogger("headbudget.service")
 
@@ -37,7 +37,7 @@ class Runtime:
         self.batcher = Batcher(engine_factory, config.server, self.metrics)
         self.info: ModelInfo | None = None
         self.decider_pending = decider_pending  # until a decider made beside the server is loaded
-        self.unit: ComputeUnit | None = None  # what charges are counted in, from the checkpoint (service/compute.py)
+        self.unit: ComputeUnit | None = None  # what charges are counted in, from the checkpoint (service/accounting/compute.py)
         self.grid_heads: dict[float, int] = {}  # grid budget -> most heads it buys, computed at start-up
         self.grid_neurons: dict[float, int] = {}  # grid budget -> feed-forward neurons (whole-model budgets only)
         self.grid_depth: dict[float, int] = {}  # grid budget -> layers run, where the plan stops at an exit

@@ -22,7 +22,7 @@ import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors import Multiprocess
 
-from headbudget.service.auth import hash_key, new_key
+from headbudget.service.accounting.auth import hash_key, new_key
 from headbudget.service.logs import configure_logging
 from headbudget.service.settings import SERVE_ENV, ServeSettings, ServiceConfig, load_config
 

@@ -33,7 +33,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from headbudget.engine.types import Backend, EngineOptions, Precision
-from headbudget.service.schemas import MIN_BUDGET
+from headbudget.service.http.schemas import MIN_BUDGET
 
 Budget = Annotated[float, Field(ge=MIN_BUDGET, le=1.0, allow_inf_nan=False)]
 AUTO: Final = "auto"  # each text at its own budget (BudgetFormer's, or a decider's: decider.json); a metrics label
@@ -84,7 +84,7 @@ class TierConfig(_Strict):
     max_queue: Annotated[int, Field(ge=1)] = 128  # requests of this tier waiting at once; beyond: 503
     latency_target_ms: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None  # degrade to meet it
     min_budget: Budget | None = None  # lowest budget degradation may go to (default 0.1)
-    # Compute, in compute units (service/compute.py) per key; absent: no limit but the request rate.
+    # Compute, in compute units (service/accounting/compute.py) per key; absent: no limit but the request rate.
     compute_per_minute: ComputeUnits | None = None  # units a key may spend per minute
     compute_burst: ComputeUnits | None = None  # units a key may spend at once (default: compute_per_minute)
     max_request_compute: ComputeUnits | None = None  # one request's charge at most; over it: 422 before any work
@@ -185,7 +185,7 @@ class ServerConfig(_Strict):
     request_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 30.0  # longest wait in queue
     max_body_bytes: Annotated[int, Field(ge=1024)] = 1 << 20
     graceful_timeout_s: Annotated[float, Field(gt=0)] = 30.0  # how long shutdown waits for in-flight work
-    # Serve well-formed POST /classify requests without FastAPI's per-request layers (service/fastpath.py);
+    # Serve well-formed POST /classify requests without FastAPI's per-request layers (service/http/fastpath.py);
     # false sends every request through FastAPI (the reference the fast path is tested against).
     fast_path: bool = True
     # The most activation memory one forward pass may take, in MiB, as the engine estimates it (engine/passes.py):
@@ -208,7 +208,7 @@ class StateConfig(_Strict):
     feedback_ttl_s: Annotated[float, Field(gt=0)] = 86_400.0  # how long answers can receive feedback
     feedback_max_entries: Annotated[int, Field(ge=1)] = 100_000  # per worker in memory
     accuracy_window: Annotated[int, Field(ge=1)] = 1000  # feedbacks per budget in the online accuracy
-    # Where answered usage waits while Redis does not take it (service/journal.py); "" keeps none, and such usage
+    # Where answered usage waits while Redis does not take it (service/accounting/journal.py); "" keeps none, and such usage
     # is logged as lost. Shared by the workers of a replica: on a volume that outlives the process.
     journal_dir: str = ""
     journal_max_bytes: Annotated[int, Field(ge=4096)] = 64 * 1024 * 1024  # per process file

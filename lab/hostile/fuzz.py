@@ -3,7 +3,7 @@
     python -m lab.hostile.fuzz --model CKPT [--seconds 600 | --runs 2000] [--corpus DIR] [--out fuzz.json]
 
 One app over the checkpoint's engine, in process; each input is a request sent twice, through the fast path
-(`service/fastpath.py`: its query and body parsing) and with the fast path off, so that FastAPI's routing and
+(`service/http/fastpath.py`: its query and body parsing) and with the fast path off, so that FastAPI's routing and
 validation take it. Both answers must be the same (status, error code and message, labels, scores, budgets,
 charges; ids and timings aside): a fast path that accepts what FastAPI would refuse, or parses it otherwise, is
 a mismatch. TEI's `/predict` (its body parsing is FastAPI's, its text extraction ours) has an invariant oracle:
@@ -127,8 +127,8 @@ class Harness:
     def __init__(self, model: Path) -> None:
         from headbudget.engine.factory import load_engine
         from headbudget.engine.types import EngineOptions
+        from headbudget.service.accounting.auth import hash_key
         from headbudget.service.app import create_app
-        from headbudget.service.auth import hash_key
         from headbudget.service.settings import parse_config
 
         self.keys = {t: f"hb_fuzz_{t}_key_{'0' * (28 - len(t))}" for t in TIERS}
@@ -235,8 +235,8 @@ def run_atheris(model: Path, corpus: Path, *, seconds: int | None, runs: int | N
 
     with atheris.instrument_imports(include=["headbudget.service"]):
         import headbudget.service.app  # noqa: F401
-        import headbudget.service.fastpath  # noqa: F401
-        import headbudget.service.routes.tei  # noqa: F401
+        import headbudget.service.http.fastpath  # noqa: F401
+        import headbudget.service.http.routes.tei  # noqa: F401
     harness = Harness(model)
     args = [sys.argv[0], str(corpus), "-timeout=20", "-rss_limit_mb=4096", "-max_len=4096",
             f"-artifact_prefix={corpus.parent}/", "-print_final_stats=1"]

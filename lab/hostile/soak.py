@@ -29,7 +29,7 @@ import psutil
 from headbudget.loadtest.fairness import to_toml
 from headbudget.loadtest.faults import Redis, wait_until
 from headbudget.loadtest.service_bench import free_port
-from headbudget.service.auth import hash_key, new_key
+from headbudget.service.accounting.auth import hash_key, new_key
 
 HOST = "127.0.0.1"
 CONNECTIONS = 64  # the open loop's keep-alive connections

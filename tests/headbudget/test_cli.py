@@ -46,7 +46,7 @@ def test_the_cli_takes_the_budgets_the_api_takes(text: str) -> None:
     from pydantic import ValidationError
 
     from headbudget.commands.common import budget_arg
-    from headbudget.service.schemas import ClassifyRequest
+    from headbudget.service.http.schemas import ClassifyRequest
 
     try:
         budget_arg(text)

@@ -151,5 +151,5 @@ def test_a_planted_circle_is_reported(tmp_path: Path) -> None:
 
 def test_no_import_circle_in_the_package() -> None:
     graph = import_graph(SOURCE.parent)
-    assert "headbudget.service.batching" in graph and "headbudget.engine.factory" in graph  # the real package
+    assert "headbudget.service.scheduling.batching" in graph and "headbudget.engine.factory" in graph  # the real package
     assert circles(graph) == []

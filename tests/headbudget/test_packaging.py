@@ -125,7 +125,8 @@ def test_client_installs_and_imports_without_the_heavy_stack(client_venv: Path) 
     assert r.returncode == 0, r.stdout + r.stderr
     installed, imported = r.stdout.splitlines()
     assert installed == "[]", f"the base install pulled {installed}"
-    assert imported == "['headbudget', 'headbudget.client', 'headbudget.service', 'headbudget.service.schemas']"
+    assert imported == ("['headbudget', 'headbudget.client', 'headbudget.service', 'headbudget.service.http', "
+                        "'headbudget.service.http.schemas']")
 
 
 def test_a_command_without_its_extra_says_which_in_one_line(client_venv: Path, tmp_path: Path) -> None:

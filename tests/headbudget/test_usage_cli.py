@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from headbudget.cli import main
-from headbudget.service.auth import hash_key
-from headbudget.service.redis_state import RedisState
+from headbudget.service.accounting.auth import hash_key
 from headbudget.service.settings import StateConfig
-from headbudget.service.state import Usage, UsageRow
+from headbudget.service.state.redis_store import RedisState
+from headbudget.service.state.store import Usage, UsageRow
 from tests.service.conftest import KEYS, cid, config_dict, redis_process, toml_of
 
 ALICE, BOB = hash_key(KEYS["cheap"])[:16], hash_key(KEYS["quality"])[:16]

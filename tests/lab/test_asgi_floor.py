@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from headbudget.loadtest import wire
-from headbudget.service.schemas import ClassifyResponse
+from headbudget.service.http.schemas import ClassifyResponse
 from lab.asgi_floor import ANSWER
 from tests.service.conftest import HOST, free_port, stop_process, wait_until
 

@@ -70,7 +70,7 @@ def test_every_seed_is_answered_alike_with_and_without_the_fast_path(harness: fu
 def test_the_oracle_catches_a_fast_path_that_parses_otherwise(harness: fuzz.Harness,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A fast path taking any float as a budget (0.05 included) answers otherwise than FastAPI's 422."""
-    from headbudget.service import fastpath
+    from headbudget.service.http import fastpath
 
     test = fuzz.one_input(harness)
     data = fuzz.encode("/classify", 0, 1, b"budget=0.05", b'{"text": "a"}')

@@ -20,7 +20,7 @@ from headbudget.loadtest.mix import (
     plan_feedback,
     plan_next,
 )
-from headbudget.service.schemas import MAX_TEXTS, ClassifyRequest, FeedbackRequest
+from headbudget.service.http.schemas import MAX_TEXTS, ClassifyRequest, FeedbackRequest
 from headbudget.service.settings import load_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,10 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
+from headbudget.service.accounting.auth import hash_key
 from headbudget.service.app import create_app
-from headbudget.service.auth import hash_key
 from headbudget.service.settings import ServiceConfig, StateConfig, parse_config
-from headbudget.service.state import MemoryState, StateStore
+from headbudget.service.state.store import MemoryState, StateStore
 from tests.service.fakes import FakeEngine
 
 HOST = "127.0.0.1"
@@ -277,7 +277,7 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[StateStore]:
     if request.param == "memory":
         yield MemoryState(config)
         return
-    from headbudget.service.redis_state import RedisState  # needs the redis package only here
+    from headbudget.service.state.redis_store import RedisState  # needs the redis package only here
 
     s = RedisState(config.model_copy(update={"redis_url": request.getfixturevalue("redis_url")}))
     await s._redis.flushdb()

@@ -3,7 +3,7 @@ would admit it again, and no longer."""
 
 from __future__ import annotations
 
-from headbudget.service.auth import RateMemo
+from headbudget.service.accounting.auth import RateMemo
 
 
 class Clock:

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from headbudget.service.auth import hash_key
+from headbudget.service.accounting.auth import hash_key
 from headbudget.service.server import curl_command
 from headbudget.service.settings import ConfigError, ServiceConfig, parse_config
-from headbudget.service.state import AnswerRecord
+from headbudget.service.state.store import AnswerRecord
 from tests.service.conftest import (
     auto_burst_under_load,
     config_dict,

@@ -18,10 +18,17 @@ import httpx
 import pytest
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from headbudget.service.journal import Entry, UsageJournal
-from headbudget.service.redis_state import RedisState
+from headbudget.service.accounting.journal import Entry, UsageJournal
 from headbudget.service.settings import StateConfig
-from headbudget.service.state import ComputeLimit, MemoryState, StateStore, StateUnavailable, Usage, UsageRow
+from headbudget.service.state.redis_store import RedisState
+from headbudget.service.state.store import (
+    ComputeLimit,
+    MemoryState,
+    StateStore,
+    StateUnavailable,
+    Usage,
+    UsageRow,
+)
 from tests.service.conftest import cid, config_dict, headers, start_server, toml_of
 from tests.service.replicas import RedisServer
 

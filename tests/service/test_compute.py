@@ -12,7 +12,7 @@ import pytest
 from headbudget.engine.errors import InputError
 from headbudget.engine.factory import load_engine
 from headbudget.engine.types import EngineOptions, Fixed
-from headbudget.service.compute import (
+from headbudget.service.accounting.compute import (
     MILLI,
     REFERENCE_TOKENS,
     ComputeUnit,

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from headbudget.client import AsyncClient, HeadbudgetError
-from headbudget.service.auth import hash_key
+from headbudget.service.accounting.auth import hash_key
 from headbudget.service.settings import ConfigError, load_config, parse_config
 from tests.service.conftest import KEYS, config_dict, running_app
 

@@ -51,7 +51,7 @@ def e2e_config(**flex: Any) -> dict[str, Any]:
     d["tiers"]["strict"] = {"default_budget": 1.0, "max_budget": 1.0, "priority": 0, "max_queue": 2,
                             "rate_limit": 6000, "burst": 100}
     d["tiers"]["limited"] = {"default_budget": 0.5, "max_budget": 1.0, "rate_limit": 60, "burst": 2}
-    from headbudget.service.auth import hash_key
+    from headbudget.service.accounting.auth import hash_key
 
     d["keys"] += [{"sha256": hash_key(k), "tier": t, "name": f"test-{t}"} for t, k in EXTRA_KEYS.items()]
     return d
@@ -192,7 +192,7 @@ def test_degrading_tier_answers_lower_budgets_instead_of_503(server: Server) -> 
 
 def reload_config(server: Server, config: dict[str, Any]) -> None:
     """Rewrite the config with a fresh probe key, SIGHUP the server, and wait until the key works."""
-    from headbudget.service.auth import hash_key
+    from headbudget.service.accounting.auth import hash_key
 
     probe = f"hb_probe_{time.monotonic_ns()}"
     config["keys"].append({"sha256": hash_key(probe), "tier": "quality", "name": "probe"})

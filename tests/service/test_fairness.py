@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from headbudget.engine.types import Fixed
-from headbudget.service.auth import hash_key
-from headbudget.service.jobs import Job
-from headbudget.service.planner import FairShare
+from headbudget.service.accounting.auth import hash_key
+from headbudget.service.scheduling.jobs import Job
+from headbudget.service.scheduling.planner import FairShare
 from headbudget.service.settings import ServiceConfig, parse_config
 from tests.service.conftest import config_dict, headers, running_app
 from tests.service.fakes import FakeEngine
@@ -242,16 +242,16 @@ async def test_a_request_the_latency_target_refuses_is_refused_before_it_is_toke
 ) -> None:
     """A metered request that cannot meet its tier's target even at its floor price is answered 503 without being
     tokenized for its exact price; one that can is tokenized once."""
-    from headbudget.service import inference
+    from headbudget.service import pipeline
 
     quoted: list[int] = []
-    original = inference.quote
+    original = pipeline.quote
 
     def counting(meter: Any, unit: Any, texts: list[str], budget: float) -> Any:
         quoted.append(len(texts))
         return original(meter, unit, texts, budget)
 
-    monkeypatch.setattr(inference, "quote", counting)
+    monkeypatch.setattr(pipeline, "quote", counting)
     engine = FakeEngine(max_length=512)
     engine.gate.clear()
     config = fair_config("flex", latency_target_ms=50, min_budget=0.1, compute_per_minute=1e8,

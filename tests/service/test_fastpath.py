@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from headbudget.service import fastpath
-from headbudget.service.routes import classify as classify_route
-from headbudget.service.schemas import ClassifyResponse
+from headbudget.service.http import fastpath
+from headbudget.service.http.routes import classify as classify_route
+from headbudget.service.http.schemas import ClassifyResponse
 from headbudget.service.settings import parse_config
 from tests.service.conftest import KEYS, config_dict, headers, make_config, running_app, toml_of
 
@@ -118,7 +118,7 @@ async def test_fast_path_takes_well_formed_requests_and_hands_on_the_rest(monkey
 
 
 def test_fast_path_validates_the_query_parameters_the_route_takes() -> None:
-    from headbudget.service.inference import CLASSIFY_QUERY
+    from headbudget.service.pipeline import CLASSIFY_QUERY
 
     assert tuple(fastpath._QUERY) == CLASSIFY_QUERY  # noqa: SLF001
 

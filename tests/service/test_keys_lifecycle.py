@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from headbudget.cli import main
-from headbudget.service.auth import hash_key, identify
+from headbudget.service.accounting.auth import hash_key, identify
 from headbudget.service.errors import Unauthorized
 from headbudget.service.settings import ConfigError, load_config, parse_config
 from tests.service.conftest import (

@@ -14,12 +14,12 @@ import pytest
 
 from headbudget.engine.factory import load_engine
 from headbudget.engine.types import EngineOptions
+from headbudget.service.accounting.auth import hash_key
+from headbudget.service.accounting.compute import ComputeUnit, quote
 from headbudget.service.app import create_app
-from headbudget.service.auth import hash_key
-from headbudget.service.compute import ComputeUnit, quote
-from headbudget.service.redis_state import RedisState
 from headbudget.service.settings import ConfigError, StateConfig, parse_config
-from headbudget.service.state import PER_MINUTE_MS, ComputeLimit, MemoryState, StateStore
+from headbudget.service.state.redis_store import RedisState
+from headbudget.service.state.store import PER_MINUTE_MS, ComputeLimit, MemoryState, StateStore
 from tests.service.conftest import (
     KEYS,
     cid,

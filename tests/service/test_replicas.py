@@ -23,11 +23,11 @@ from typing import Any
 import httpx
 import pytest
 
-from headbudget.service.auth import hash_key
-from headbudget.service.journal import UsageJournal
-from headbudget.service.redis_state import RedisState
+from headbudget.service.accounting.auth import hash_key
+from headbudget.service.accounting.journal import UsageJournal
 from headbudget.service.settings import StateConfig
-from headbudget.service.state import StateUnavailable, Usage, UsageRow
+from headbudget.service.state.redis_store import RedisState
+from headbudget.service.state.store import StateUnavailable, Usage, UsageRow
 from tests.service.conftest import (
     KEYS,
     charge_of,

@@ -11,9 +11,9 @@ import pytest
 
 from headbudget.engine.artifacts import BenchRecord
 from headbudget.engine.types import BudgetRequest, Fixed, LatencyTarget
-from headbudget.service.jobs import Job
-from headbudget.service.latency import LatencyModel
-from headbudget.service.planner import Planner
+from headbudget.service.scheduling.jobs import Job
+from headbudget.service.scheduling.latency import LatencyModel
+from headbudget.service.scheduling.planner import Planner
 from headbudget.service.settings import parse_config
 from tests.service.conftest import config_dict, headers, make_config, running_app
 from tests.service.fakes import FakeEngine

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from headbudget.service.redis_state import RedisState
 from headbudget.service.settings import StateConfig, parse_config
-from headbudget.service.state import (
+from headbudget.service.state.redis_store import RedisState
+from headbudget.service.state.store import (
     AlreadyReported,
     AnswerNotFound,
     AnswerRecord,

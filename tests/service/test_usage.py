@@ -16,10 +16,10 @@ from typing import Any
 import httpx
 import pytest
 
-from headbudget.service.auth import hash_key
-from headbudget.service.redis_state import RedisState
+from headbudget.service.accounting.auth import hash_key
 from headbudget.service.settings import StateConfig, parse_config
-from headbudget.service.state import MemoryState, StateStore, Usage, UsageRow, utc_day
+from headbudget.service.state.redis_store import RedisState
+from headbudget.service.state.store import MemoryState, StateStore, Usage, UsageRow, utc_day
 from tests.service.conftest import (
     KEYS,
     charge_of,

@@ -22,12 +22,12 @@ from pydantic_core import to_json
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from headbudget.service.auth import Caller, rate_limited
-from headbudget.service.deps import identify_caller
+from headbudget.service.accounting.auth import Caller, rate_limited
 from headbudget.service.errors import ApiError, InvalidRequest, known_error_response
-from headbudget.service.inference import BudgetParams, answer, check_query
+from headbudget.service.http.deps import identify_caller
+from headbudget.service.http.schemas import BudgetParam, BudgetValue, ClassifyRequest, LatencyLimit
+from headbudget.service.pipeline import BudgetParams, answer, check_query
 from headbudget.service.runtime import Runtime
-from headbudget.service.schemas import BudgetParam, BudgetValue, ClassifyRequest, LatencyLimit
 
 # BudgetParams' fields (CLASSIFY_QUERY), each validated as the route declares it
 _QUERY: dict[str, TypeAdapter[Any]] = {"budget": TypeAdapter(BudgetParam), "max_latency_ms": TypeAdapter(LatencyLimit),

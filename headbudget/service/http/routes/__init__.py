@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from headbudget.service.schemas import ErrorBody
+from headbudget.service.http.schemas import ErrorBody
 
 
 def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
-from headbudget.service.deps import RuntimeDep
-from headbudget.service.schemas import Health, Readiness
+from headbudget.service.http.deps import RuntimeDep
+from headbudget.service.http.schemas import Health, Readiness
 
 router = APIRouter(tags=["operations"])
 

@@ -17,16 +17,23 @@ from typing import Any
 from starlette.requests import Request
 
 from headbudget.engine.types import Auto, BudgetRequest, Fixed, LatencyTarget
-from headbudget.service.auth import Caller, admit, check_budget
-from headbudget.service.compute import Bill, Quote, bill, check_cap, floor_quote, quote, units
+from headbudget.service.accounting.auth import Caller, admit, check_budget
+from headbudget.service.accounting.compute import Bill, Quote, bill, check_cap, floor_quote, quote, units
+from headbudget.service.accounting.journal import Entry
 from headbudget.service.errors import BadRequest, ClientGone, InvalidRequest, Unavailable
-from headbudget.service.jobs import Job, JobResult
-from headbudget.service.journal import Entry
-from headbudget.service.middleware import new_request_id
+from headbudget.service.http.middleware import new_request_id
+from headbudget.service.http.schemas import BudgetSource, ClassifyRequest
 from headbudget.service.runtime import Runtime
-from headbudget.service.schemas import BudgetSource, ClassifyRequest
+from headbudget.service.scheduling.jobs import Job, JobResult
 from headbudget.service.settings import AUTO, TierConfig
-from headbudget.service.state import AnswerRecord, ComputeLimit, StateUnavailable, Usage, UsageRow, utc_day
+from headbudget.service.state.store import (
+    AnswerRecord,
+    ComputeLimit,
+    StateUnavailable,
+    Usage,
+    UsageRow,
+    utc_day,
+)
 
 log = logging.getLogger("headbudget.service")
 

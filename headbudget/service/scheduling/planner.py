@@ -30,8 +30,8 @@ from collections.abc import Hashable, Sequence
 
 from headbudget.engine.protocol import Engine
 from headbudget.engine.types import Auto
-from headbudget.service.jobs import Job
-from headbudget.service.latency import LatencyModel
+from headbudget.service.scheduling.jobs import Job
+from headbudget.service.scheduling.latency import LatencyModel
 
 
 class Planner:

@@ -18,7 +18,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from headbudget.service.settings import StateConfig
-from headbudget.service.state import (
+from headbudget.service.state.store import (
     DONE_TTL_S,
     Admission,
     AlreadyReported,

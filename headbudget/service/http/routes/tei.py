@@ -20,10 +20,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import headbudget
 from headbudget.engine.errors import BudgetError, EngineError, InputError
 from headbudget.engine.types import Prediction
-from headbudget.service import inference
-from headbudget.service.auth import Caller
-from headbudget.service.compute import Quote, unit_text, units
-from headbudget.service.deps import MeteredCallerDep, RuntimeDep
+from headbudget.service import pipeline
+from headbudget.service.accounting.auth import Caller
+from headbudget.service.accounting.compute import Quote, unit_text, units
 from headbudget.service.errors import (
     ApiError,
     Forbidden,
@@ -34,15 +33,15 @@ from headbudget.service.errors import (
     Unauthorized,
     Unavailable,
 )
-from headbudget.service.runtime import Runtime
-from headbudget.service.schemas import (
+from headbudget.service.http.deps import MeteredCallerDep, RuntimeDep
+from headbudget.service.http.schemas import (
     MAX_TEXT_CHARS,
     MAX_TEXTS,
     BudgetParam,
     BudgetValue,
     ErrorBody,
 )
-from headbudget.service.tei_schemas import (
+from headbudget.service.http.tei_schemas import (
     ClassifierModel,
     PredictRequest,
     PredictResponse,
@@ -50,6 +49,7 @@ from headbudget.service.tei_schemas import (
     TeiInfo,
     TeiModelType,
 )
+from headbudget.service.runtime import Runtime
 
 log = logging.getLogger("headbudget.service")
 _PARSE_ERROR = "There was an error parsing the body"  # FastAPI's 400 for bodies json.loads cannot take
@@ -252,7 +252,7 @@ async def _predict(body: PredictRequest, request: Request, runtime: Runtime, cal
                    budget: float | str | None, x_budget: float | str | None,
                    max_budget: float | None = None, x_max_budget: float | None = None) -> JSONResponse:
     started = time.perf_counter()
-    inference.check_query(request.query_params.multi_items(), _QUERY)
+    pipeline.check_query(request.query_params.multi_items(), _QUERY)
     texts, batch = _texts(body)
     truncate = True if body.truncate is None else body.truncate  # TEI's auto_truncate default (1.9)
     params = body.parameters
@@ -263,7 +263,7 @@ async def _predict(body: PredictRequest, request: Request, runtime: Runtime, cal
     if max_budget is not None and x_max_budget is not None:
         raise _validation("give max_budget in the X-Max-Budget header or the max_budget query parameter, not both")
     texts = _cut_chars(texts, truncate)
-    asked = inference.BudgetParams(budget=budget if budget is not None else x_budget,
+    asked = pipeline.BudgetParams(budget=budget if budget is not None else x_budget,
                                    max_budget=max_budget if max_budget is not None else x_max_budget)
     direction = body.truncation_direction
 
@@ -272,7 +272,7 @@ async def _predict(body: PredictRequest, request: Request, runtime: Runtime, cal
 
     # refused before it runs where a text would be cut
     check = refuse_cut if not truncate or direction.lower() == "left" else None
-    _, answered = await inference.classify_call(runtime, caller, inference.Call(texts, asked, check_tokens=check),
+    _, answered = await pipeline.classify_call(runtime, caller, pipeline.Call(texts, asked, check_tokens=check),
                                                 request)
     info = runtime.info
     result = answered.result
@@ -286,7 +286,7 @@ async def _predict(body: PredictRequest, request: Request, runtime: Runtime, cal
         "x-compute-characters": str(sum(len(t) for t in texts)),
         "x-compute-tokens": str(sum(p.n_tokens for p in result.predictions)),
         "x-queue-time": str(int(result.queue_s * 1000)), "x-inference-time": str(int(result.latency_s * 1000)),
-        "x-budget-applied": ",".join(f"{b:g}" for b in inference.text_budgets(result)),
+        "x-budget-applied": ",".join(f"{b:g}" for b in pipeline.text_budgets(result)),
         "x-degraded": "true" if result.degraded else "false",
         # the compute units charged (/v1/models' compute_unit): the request's, and each input's in order
         "x-charge": unit_text(units(answered.bill.total)),

@@ -13,7 +13,7 @@ from fastapi import APIRouter, FastAPI
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
-STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+STATIC_DIR = Path(__file__).resolve().parents[2] / "static"
 PAGE_URL, ASSETS_URL = "/playground", "/playground/assets"
 # Only this server's own scripts, styles and API; no inline code, no frames.
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; "

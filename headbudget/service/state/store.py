@@ -1,6 +1,6 @@
 """Shared state behind one small interface: per-key rate limits and compute quotas, and the feedback store.
 
-``MemoryState`` keeps it in this process (one worker); ``RedisState`` (service/redis_state.py) shares it
+``MemoryState`` keeps it in this process (one worker); ``RedisState`` (service/state/redis_store.py) shares it
 between workers and replicas. Rate limits use GCRA (the generic cell rate algorithm: one timestamp per key,
 exact, with a burst allowance); compute quotas are the same algorithm weighted by each request's charge, in
 integers (milli-units and milliseconds), so that a key is admitted up to its quota exactly; a request is admitted
@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol
 
-from headbudget.service.compute import milli_of_units
+from headbudget.service.accounting.compute import milli_of_units
 from headbudget.service.metrics import budget_bucket
 from headbudget.service.settings import StateConfig, TierConfig
 

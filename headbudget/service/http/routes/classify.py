@@ -6,16 +6,16 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
-from headbudget.service.deps import MeteredCallerDep, RuntimeDep
-from headbudget.service.inference import CLASSIFY_QUERY, BudgetParams, answer, check_query
-from headbudget.service.routes import error_responses
-from headbudget.service.schemas import (
+from headbudget.service.http.deps import MeteredCallerDep, RuntimeDep
+from headbudget.service.http.routes import error_responses
+from headbudget.service.http.schemas import (
     BudgetParam,
     BudgetValue,
     ClassifyRequest,
     ClassifyResponse,
     LatencyLimit,
 )
+from headbudget.service.pipeline import CLASSIFY_QUERY, BudgetParams, answer, check_query
 
 router = APIRouter(tags=["inference"])
 
@@ -31,7 +31,7 @@ async def classify_texts(
         description="With budget=auto: the ceiling no text spends more than (at most the tier's max_budget)")] = None,
 ) -> ClassifyResponse:
     """Classify one text or up to 64, running only the heads, neurons and layers the budget buys."""
-    # Served by service/fastpath.py unless the request is one it hands on (an error case) or it is off.
+    # Served by service/http/fastpath.py unless the request is one it hands on (an error case) or it is off.
     check_query(request.query_params.multi_items(), CLASSIFY_QUERY)
     return ClassifyResponse.model_validate(
         await answer(runtime, caller, body, BudgetParams(budget, max_latency_ms, max_budget), request))

@@ -6,11 +6,11 @@ import logging
 
 from fastapi import APIRouter
 
-from headbudget.service.deps import CallerDep, RuntimeDep
 from headbudget.service.errors import Conflict, InvalidRequest, NotFound, Unavailable
-from headbudget.service.routes import error_responses
-from headbudget.service.schemas import FeedbackRequest, FeedbackResponse
-from headbudget.service.state import AlreadyReported, AnswerNotFound, StateUnavailable
+from headbudget.service.http.deps import CallerDep, RuntimeDep
+from headbudget.service.http.routes import error_responses
+from headbudget.service.http.schemas import FeedbackRequest, FeedbackResponse
+from headbudget.service.state.store import AlreadyReported, AnswerNotFound, StateUnavailable
 
 router = APIRouter(tags=["feedback"])
 log = logging.getLogger("headbudget.service")

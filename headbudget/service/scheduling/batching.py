@@ -19,12 +19,12 @@ from collections.abc import Callable, Sequence
 from headbudget.engine.errors import EngineError
 from headbudget.engine.protocol import Engine, Meter
 from headbudget.engine.types import Auto, BatchResult, BudgetRequest, LatencyTarget, ModelInfo, Tokens
-from headbudget.service.compute import ComputeUnit, Quote, units
+from headbudget.service.accounting.compute import ComputeUnit, Quote, units
 from headbudget.service.errors import Overloaded
-from headbudget.service.jobs import Job, JobResult, joined
-from headbudget.service.latency import LatencyModel
 from headbudget.service.metrics import Metrics
-from headbudget.service.planner import FairShare, Planner
+from headbudget.service.scheduling.jobs import Job, JobResult, joined
+from headbudget.service.scheduling.latency import LatencyModel
+from headbudget.service.scheduling.planner import FairShare, Planner
 from headbudget.service.settings import ServerConfig, TierConfig
 
 log = logging.getLogger("headbudget.service")

@@ -9,11 +9,11 @@ from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
-from headbudget.service.compute import unit_text, units
+from headbudget.service.accounting.compute import unit_text, units
 from headbudget.service.errors import ComputeQuotaExceeded, Forbidden, RateLimited, Unauthorized, Unavailable
 from headbudget.service.metrics import Metrics
 from headbudget.service.settings import ServiceConfig, StateConfig, TierConfig, utc_text
-from headbudget.service.state import ComputeLimit, StateStore, StateUnavailable
+from headbudget.service.state.store import ComputeLimit, StateStore, StateUnavailable
 
 KEY_PREFIX = "hb_"
 

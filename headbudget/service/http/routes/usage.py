@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from headbudget.service.auth import Caller
-from headbudget.service.compute import units
-from headbudget.service.deps import CallerDep, RuntimeDep
+from headbudget.service.accounting.auth import Caller
+from headbudget.service.accounting.compute import units
 from headbudget.service.errors import Unavailable
-from headbudget.service.routes import error_responses
+from headbudget.service.http.deps import CallerDep, RuntimeDep
+from headbudget.service.http.routes import error_responses
+from headbudget.service.http.schemas import QuotaNow, UsageAmounts, UsageReport
 from headbudget.service.runtime import Runtime
-from headbudget.service.schemas import QuotaNow, UsageAmounts, UsageReport
-from headbudget.service.state import ComputeLimit, QuotaLeft, StateUnavailable, Usage, utc_day
+from headbudget.service.state.store import ComputeLimit, QuotaLeft, StateUnavailable, Usage, utc_day
 
 router = APIRouter(tags=["usage"])
 

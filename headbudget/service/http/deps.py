@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
-from headbudget.service.auth import Caller, enforce_rate, identify, presented_key
-from headbudget.service.middleware import new_request_id
+from headbudget.service.accounting.auth import Caller, enforce_rate, identify, presented_key
+from headbudget.service.http.middleware import new_request_id
 from headbudget.service.runtime import Runtime
 
 # Declared for the OpenAPI document; the raw headers are parsed in ``get_caller`` (a bad scheme is a 401).

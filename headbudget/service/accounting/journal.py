@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from headbudget.service.state import StateStore, StateUnavailable, Usage, UsageRow
+from headbudget.service.state.store import StateStore, StateUnavailable, Usage, UsageRow
 
 log = logging.getLogger("headbudget.service")
 

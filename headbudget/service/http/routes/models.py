@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from headbudget.service.compute import REFERENCE_TOKENS
-from headbudget.service.deps import RuntimeDep
+from headbudget.service.accounting.compute import REFERENCE_TOKENS
 from headbudget.service.errors import Unavailable
-from headbudget.service.routes import error_responses
-from headbudget.service.schemas import BudgetPoint, ComputeUnitInfo, ModelCard, ModelList
+from headbudget.service.http.deps import RuntimeDep
+from headbudget.service.http.routes import error_responses
+from headbudget.service.http.schemas import BudgetPoint, ComputeUnitInfo, ModelCard, ModelList
 
 router = APIRouter(tags=["models"])
 

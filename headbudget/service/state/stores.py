@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from headbudget.service.settings import StateConfig
-from headbudget.service.state import MemoryState, StateStore
+from headbudget.service.state.store import MemoryState, StateStore
 
 
 def make_state(config: StateConfig) -> StateStore:
     """The store the config asks for: Redis when ``redis_url`` is set, else memory."""
     if config.redis_url:
-        from headbudget.service.redis_state import RedisState  # redis is imported only where it is used
+        from headbudget.service.state.redis_store import RedisState  # redis is imported only where it is used
 
         return RedisState(config)
     return MemoryState(config)

@@ -1,0 +1,1 @@
+"""Where limits, usage and feedback live: this process's memory or Redis."""
