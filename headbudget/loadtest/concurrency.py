@@ -53,7 +53,7 @@ class Target:
 
     @property
     def engine_counter(self) -> bool:
-        return self.server == "headbudget"
+        return self.server.startswith("headbudget")  # its before-and-after servers too
 
 
 def headbudget_target(url: str, pid: int, budget: float, key: str | None) -> Target:

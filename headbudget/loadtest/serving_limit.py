@@ -9,7 +9,9 @@ One run, one file (``serving-limit.json``):
 3. From the other core, ``loadtest.concurrency``'s closed loop over plain sockets at each concurrency, headbudget at
    each budget and the peer, rotated run by run: requests per second, latency, server CPU per answer and the
    engine's share of it.
-``checks`` puts the rows beside the engine-alone limit and the peer (medians over runs).
+``--before TREE`` adds a second headbudget server run from another checkout of the code (its rows' ``server`` is
+``headbudget-before``), measured in the same rotation: a change's effect as a ratio taken side by side, not across
+runs minutes apart. ``checks`` puts the rows beside the engine-alone limit and the peer (medians over runs).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -55,6 +59,23 @@ PEER_DIR = Path(__file__).resolve().parents[2] / "lab" / "infinity_peer"
 
 def server_config(budget: float) -> str:
     return CONFIG.format(batch=32, wait=3.0, budget=budget).replace('anonymous_tier = "bench"\n', "") + TIER
+
+
+@contextmanager
+def code_from(tree: Path | None) -> Iterator[None]:
+    """Processes started in the block import headbudget from ``tree`` (None: this checkout)."""
+    if tree is None:
+        yield
+        return
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(tree.resolve())
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
 
 
 def engine_alone(model: Path, data: Path, cpu: str, repeats: int, work: Path) -> list[dict[str, Any]]:
@@ -119,9 +140,9 @@ class Peer:
 
 
 def checks(engine: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per budget and concurrency (medians over runs): requests per second as a share of the engine-alone limit,
-    CPU per answer less the forward pass (ms, and as a share of b = 1's pass), CPU per answer over b = 1's, and
-    requests per second over the peer's."""
+    """Per server, budget and concurrency (medians over runs): requests per second as a share of the engine-alone
+    limit, CPU per answer less the forward pass (ms, and as a share of b = 1's pass), CPU per answer over b = 1's,
+    requests per second over each peer's, and this code's requests per second and CPU over the earlier code's."""
     alone = {e["budget"]: e for e in engine}
 
     def med(server: str, budget: float | None, conc: int, key: str) -> float | None:
@@ -130,12 +151,13 @@ def checks(engine: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dic
         return statistics.median(vals) if vals else None
 
     out = []
-    peers = {r["server"] for r in rows} - {"headbudget"}
-    for r in sorted({(r["budget"], r["conc"]) for r in rows if r["server"] == "headbudget"}, key=lambda x: (-x[0], x[1])):
-        budget, conc = r
-        rps, cpu = med("headbudget", budget, conc, "rps"), med("headbudget", budget, conc, "cpu_ms_per_answer")
-        cpu1 = med("headbudget", 1.0, conc, "cpu_ms_per_answer")
-        row: dict[str, Any] = {"budget": budget, "conc": conc, "rps": rps, "cpu_ms_per_answer": cpu}
+    peers = sorted({r["server"] for r in rows if r["budget"] is None})
+    ours = sorted({(r["server"], r["budget"], r["conc"]) for r in rows if r["budget"] is not None},
+                  key=lambda x: (x[0], -x[1], x[2]))
+    for server, budget, conc in ours:
+        rps, cpu = med(server, budget, conc, "rps"), med(server, budget, conc, "cpu_ms_per_answer")
+        cpu1 = med(server, 1.0, conc, "cpu_ms_per_answer")
+        row: dict[str, Any] = {"server": server, "budget": budget, "conc": conc, "rps": rps, "cpu_ms_per_answer": cpu}
         if budget in alone and rps is not None and cpu is not None:
             row["share_of_engine_limit"] = round(rps / alone[budget]["answers_per_core_s"], 3)
             row["rest_ms"] = round(cpu - alone[budget]["ms"], 3)
@@ -143,10 +165,15 @@ def checks(engine: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dic
                 row["rest_over_b1_pass"] = round((cpu - alone[budget]["ms"]) / alone[1.0]["ms"], 3)
         if cpu1 and cpu is not None:
             row["cpu_over_b1"] = round(cpu / cpu1, 3)
-        for peer in sorted(peers):
+        for peer in peers:
             peer_rps = med(peer, None, conc, "rps")
             if peer_rps and rps is not None:
                 row[f"over_{peer}"] = round(rps / peer_rps, 2)
+        before_rps = med("headbudget-before", budget, conc, "rps")
+        before_cpu = med("headbudget-before", budget, conc, "cpu_ms_per_answer")
+        if server == "headbudget" and before_rps and before_cpu and rps is not None and cpu is not None:
+            row["rps_over_before"] = round(rps / before_rps, 3)
+            row["cpu_over_before"] = round(cpu / before_cpu, 3)
         out.append(row)
     return out
 
@@ -163,6 +190,8 @@ def build_parser() -> OneLineParser:
     p.add_argument("--server-cpu", default="1", help="the core of the server, the peer and the engine-alone bench")
     p.add_argument("--client-cpu", default="0", help="the load generator's core")
     p.add_argument("--peer-python", type=Path, help="python of an environment with infinity-emb (none: no peer)")
+    p.add_argument("--before", type=Path, metavar="TREE",
+                   help="a checkout of earlier code: its server is measured beside this one's (headbudget-before)")
     p.add_argument("--out", type=Path, required=True)
     return p
 
@@ -178,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         problem = f"--out: folder {args.out.parent} does not exist"
     elif args.peer_python is not None and not (args.peer_python.parent / "infinity_emb").is_file():
         problem = f"--peer-python: no infinity_emb beside {args.peer_python}"
+    elif args.before is not None and not (args.before / "headbudget" / "cli.py").is_file():
+        problem = f"--before: no headbudget checkout in {args.before}"
     elif shutil.which("taskset") is None:
         problem = "taskset not found (util-linux)"
     if problem is not None:
@@ -189,9 +220,17 @@ def main(argv: list[str] | None = None) -> int:
         engine = engine_alone(args.model, args.data, args.server_cpu, args.repeats, work)
         print(json.dumps({"engine_alone": engine}), flush=True)
         peers: list[dict[str, Any]] = []
-        with Server(args.model, 1, config_text=server_config(args.budgets[0]), precision="int8",
-                    cpus=args.server_cpu) as srv:
+        with ExitStack() as stack:
+            srv = stack.enter_context(Server(args.model, 1, config_text=server_config(args.budgets[0]),
+                                             precision="int8", cpus=args.server_cpu))
             targets: list[Target] = [headbudget_target(srv.url, srv.proc.pid, b, KEY) for b in args.budgets]
+            if args.before is not None:
+                with code_from(args.before):
+                    old = Server(args.model, 1, config_text=server_config(args.budgets[0]), precision="int8",
+                                 cpus=args.server_cpu)
+                stack.enter_context(old)
+                targets += [replace(headbudget_target(old.url, old.proc.pid, b, KEY), server="headbudget-before")
+                            for b in args.budgets]
             peer = None
             if args.peer_python is not None:
                 folder = work / "export-int8"
@@ -219,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"), "commit": code_commit(), "workers": 1,
            "checkpoint": args.model.name, "seconds": args.seconds, "client": "wire", "texts": len(texts),
            "engine_alone": engine, "rows": rows, "peers": peers, "checks": checks(engine, rows),
+           "before": None if args.before is None else {"tree": str(args.before), "commit": subprocess.run(
+               ["git", "-C", str(args.before), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+               check=False).stdout.strip()},
            "command": f"{PROG} " + " ".join(sys.argv[1:] if argv is None else argv)}
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     return 0

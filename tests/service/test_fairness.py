@@ -382,3 +382,43 @@ async def test_a_client_gone_takes_every_part_of_its_request_out_of_the_queue() 
         engine.gate.set()
         assert (await blocker).status_code == 200
     assert [t for t, _ in engine.calls] == [["blocker"]]
+
+
+def _counts_by_scan(batcher: Any) -> tuple[int, dict[str, int]]:
+    requests = {id(j.request_job): j.tier.name for j in batcher._pending}
+    tiers: dict[str, int] = {}
+    for name in requests.values():
+        tiers[name] = tiers.get(name, 0) + 1
+    return len(requests), tiers
+
+
+@pytest.mark.anyio
+async def test_the_queue_counts_follow_the_queue_through_parts_cancels_and_batches() -> None:
+    """Admission reads counts kept as jobs enter and leave, not a scan of the queue: after requests of two tiers,
+    one of them in parts, a client gone and the batches served, the counts are the scan's at every step."""
+    engine = FakeEngine(bench=BENCH)
+    engine.gate.clear()
+    async with running_app(pass_config(), engine=engine) as (client, app, _):
+        batcher = app.state.runtime.batcher
+
+        def check() -> None:
+            depth, tiers = _counts_by_scan(batcher)
+            assert batcher.depth == depth
+            assert {t: n for t, n in batcher._tier_waiting.items() if n} == tiers
+
+        blocker, heavy = await _heavy_behind_blocker(client)
+        light = [asyncio.create_task(client.post("/classify", json={"text": f"light {i}"}, headers=key("light")))
+                 for i in range(3)]
+        await asyncio.sleep(0.1)
+        check()
+        assert batcher.depth == 4 and len(batcher._pending) >= 6  # the heavy request in parts, three light ones
+        light[0].cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await light[0]
+        await asyncio.sleep(0.05)
+        check()
+        assert batcher.depth == 3
+        engine.gate.set()
+        assert [r.status_code for r in await asyncio.gather(blocker, heavy, *light[1:])] == [200] * 4
+        check()
+        assert batcher.depth == 0 and not batcher._parts_waiting

@@ -14,6 +14,7 @@ import functools
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 from headbudget.engine.errors import EngineError
@@ -39,6 +40,10 @@ class Batcher:
         self._metrics = metrics
         self._cond = threading.Condition()
         self._pending: list[Job] = []
+        # Requests waiting, counted as jobs enter and leave (a request queued as parts counts once): admission
+        # reads the counts instead of scanning the queue for every request
+        self._parts_waiting: dict[int, int] = {}  # id of a request's Job -> its parts in the queue
+        self._tier_waiting: Counter[str] = Counter()  # tier -> its requests in the queue
         self._fair = FairShare()  # under _cond, like _pending
         self._stopping = False
         self._running_until = 0.0  # monotonic estimate of when the running batch ends
@@ -74,7 +79,7 @@ class Batcher:
     @property
     def depth(self) -> int:
         """Requests waiting (a request queued as parts counts once)."""
-        return len({id(j.request_job) for j in self._pending})
+        return len(self._parts_waiting)
 
     # -- admission (event loop) -------------------------------------------------------------------------
     def submit(self, texts: list[str], tier: TierConfig, request: BudgetRequest, owner: str = "",
@@ -92,18 +97,17 @@ class Batcher:
         job = self._new_job(texts, tier, request, owner, priced)
         job.parts = self._split(job)
         with self._cond:
-            pending = list(self._pending)
-            self._check_room(tier, pending)
+            self._check_room(tier)
             job.start_tag = self._fair.start(job)  # where it would stand in the service order
             if tier.degrades:
-                self._check_in_time(job, pending)
+                self._check_in_time(job, list(self._pending))
             # Idle means no queue and no forward pass, not "no recent arrival": a client that sends its next
             # request as soon as its answer comes (batch 1) never waits a batch window, whatever its round trip.
             job.alone = not self._pending and not self._forwarding
             for queued in job.parts or [job]:  # parts in order: each starts where its key's previous one ends
                 queued.alone = job.alone
                 self._fair.admit(queued)
-                self._pending.append(queued)
+                self._enqueue(queued)
             self._metrics.queue_depth.set(self.depth)
             self._cond.notify_all()
         return job
@@ -114,11 +118,10 @@ class Batcher:
         latency target, the exact price cannot either."""
         job = self._new_job(texts, tier, request, owner, floor)
         with self._cond:
-            pending = list(self._pending)
-            self._check_room(tier, pending)
+            self._check_room(tier)
             if tier.degrades:
                 job.start_tag = self._fair.start(job)
-                self._check_in_time(job, pending)
+                self._check_in_time(job, list(self._pending))
 
     def _split(self, job: Job) -> list[Job]:
         """``job``'s texts in order as parts of at most one pass each; none when it fits in one pass, or asks for
@@ -163,14 +166,34 @@ class Batcher:
                    counted=True, owner=owner, charge=priced.total, token_ids=priced.token_ids,
                    tokenize_cpu_s=priced.tokenize_cpu_s)
 
-    def _check_room(self, tier: TierConfig, pending: list[Job]) -> None:
+    def _check_room(self, tier: TierConfig) -> None:
         """Overloaded when the server is stopping or the queue, or the tier's share of it, is full (under _cond)."""
         if self._stopping:
             raise Overloaded("the server is shutting down", retry_after_s=1)
-        if len({id(j.request_job) for j in pending}) >= self.server.queue_size:
-            raise Overloaded("the queue is full", retry_after_s=self._drain_s(pending))
-        if len({id(j.request_job) for j in pending if j.tier.name == tier.name}) >= tier.max_queue:
-            raise Overloaded(f"the queue of tier {tier.name!r} is full", retry_after_s=self._drain_s(pending))
+        if len(self._parts_waiting) >= self.server.queue_size:
+            raise Overloaded("the queue is full", retry_after_s=self._drain_s(self._pending))
+        if self._tier_waiting[tier.name] >= tier.max_queue:
+            raise Overloaded(f"the queue of tier {tier.name!r} is full", retry_after_s=self._drain_s(self._pending))
+
+    def _enqueue(self, job: Job) -> None:
+        """Put ``job`` in the queue and count its request (under _cond)."""
+        self._pending.append(job)
+        key = id(job.request_job)
+        parts = self._parts_waiting.get(key, 0)
+        if not parts:
+            self._tier_waiting[job.tier.name] += 1
+        self._parts_waiting[key] = parts + 1
+
+    def _dequeue(self, job: Job) -> None:
+        """Take ``job`` out of the queue; its request leaves the counts with its last part (under _cond)."""
+        self._pending.remove(job)
+        key = id(job.request_job)
+        parts = self._parts_waiting[key] - 1
+        if parts:
+            self._parts_waiting[key] = parts
+        else:
+            del self._parts_waiting[key]
+            self._tier_waiting[job.tier.name] -= 1
 
     def _check_in_time(self, job: Job, pending: list[Job]) -> None:
         """Overloaded when a degrading tier's request would miss its latency target even if every request ahead
@@ -194,7 +217,7 @@ class Batcher:
             for queued in reversed(job.parts or [job]):  # the latest first: each gives its key's time back
                 queued.cancelled = True
                 if queued in self._pending:
-                    self._pending.remove(queued)
+                    self._dequeue(queued)
                     self._fair.withdraw(queued)
             self._metrics.queue_depth.set(self.depth)
 
@@ -265,7 +288,7 @@ class Batcher:
         with self._cond:
             batch = [j for j in batch if not j.cancelled and j in self._pending]
             for j in batch:
-                self._pending.remove(j)
+                self._dequeue(j)
             self._fair.served(batch)
             self._metrics.queue_depth.set(self.depth)
             if batch:
@@ -282,7 +305,7 @@ class Batcher:
         now = time.monotonic()
         gone = [j for j in self._pending if j.cancelled or now - j.enqueued > self.server.request_timeout_s]
         for job in reversed(gone):  # the latest first: each gives its key's time back (as ``cancel``)
-            self._pending.remove(job)
+            self._dequeue(job)
             self._fair.withdraw(job)
             if not job.cancelled:
                 _deliver(job, Overloaded("timed out waiting for the model", retry_after_s=1))
