@@ -29,7 +29,7 @@ from headbudget.service.state.store import StateStore
 
 log = logging.getLogger("headbudget.service")
 # FastAPI's native OpenTelemetry (0.16x) asks the global OpenTelemetry providers on every request whether one is
-# configured, a cost on every request (docs/results.md, 'Server overhead'); the service configures none (its
+# configured, a cost on every request (docs/decisions.md, 2026-11-24); the service configures none (its
 # metrics are Prometheus'), so it is off.
 _TELEMETRY_OFF: dict[str, Any] = ({"telemetry": {"tracing": False, "metrics": False, "logs": False}}
                                   if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {})

@@ -144,7 +144,7 @@ async def _wait(request: Request, job: Job) -> JobResult:
             future.set_exception(ClientGone())
 
     # A done callback rather than asyncio.wait, which builds sets and a waiter future and adds and removes
-    # callbacks on both every time (docs/results.md, 'Server overhead').
+    # callbacks on both every time (docs/results.md, 'The serving limit': the loop's steps).
     watcher.add_done_callback(gone)
     try:
         return await future

@@ -19,7 +19,7 @@ _bearer = HTTPBearer(auto_error=False, description="The same key as a bearer tok
 async def get_runtime(request: Request) -> Runtime:
     """The process's runtime."""
     # async on purpose: FastAPI runs a plain `def` dependency in its thread pool, a thread hop per request against
-    # a server overhead of about a millisecond (docs/results.md, 'Server overhead').
+    # a serving rest of about half a millisecond (docs/results.md, 'The serving limit').
     runtime: Runtime = request.app.state.runtime
     return runtime
 
