@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterator, Sequence, Set
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
@@ -95,27 +95,39 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
 
     def __enter__(self) -> Server:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.log.seek(0)
-                raise RuntimeError(f"server exited: {self.log.read().decode(errors='replace')[-2000:]}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError("server not ready in 180 s")
+        wait_ready(self.proc, self.log, f"{self.url}/readyz", 180, "server")
+        return self
 
     def __exit__(self, *exc: object) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=40)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        stop_group(self.proc, 40)
         self.log.close()
         self.dir.cleanup()
+
+
+def wait_ready(proc: subprocess.Popen[bytes], log: IO[bytes], url: str, timeout_s: float, what: str) -> None:
+    """Until ``url`` answers 200; RuntimeError with the end of ``log`` if ``proc`` exits first, or after
+    ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"{what} exited: {log.read().decode(errors='replace')[-2000:]}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{what} not ready in {timeout_s:g} s")
+
+
+def stop_group(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """SIGTERM to ``proc``'s process group, SIGKILL if it is still there after ``timeout_s``."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=timeout_s)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 @contextmanager

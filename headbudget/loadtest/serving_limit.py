@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -45,7 +44,7 @@ from headbudget.loadtest.concurrency import (
     plan,
     step,
 )
-from headbudget.loadtest.service_bench import CONFIG, Server, free_port, pinned
+from headbudget.loadtest.service_bench import CONFIG, Server, free_port, pinned, stop_group, wait_ready
 from headbudget.service.accounting.auth import hash_key
 
 PROG = "python -m headbudget.loadtest.serving_limit"
@@ -117,25 +116,11 @@ class Peer:
         return out.stdout.strip()
 
     def __enter__(self) -> Peer:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.log.seek(0)
-                raise RuntimeError(f"peer exited: {self.log.read().decode(errors='replace')[-2000:]}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        raise RuntimeError("peer not ready in 300 s")
+        wait_ready(self.proc, self.log, f"{self.url}/health", 300, "peer")
+        return self
 
     def __exit__(self, *exc: object) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        stop_group(self.proc, 30)
         self.log.close()
 
 

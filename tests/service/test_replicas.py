@@ -435,8 +435,9 @@ def test_a_replica_killed_mid_load(both: Cluster) -> None:
         await until(lambda: bool(served(b, "replica-kill")) and bool(served(a, "replica-kill")), 10,
                     "both replicas answer")
         await asyncio.sleep(0.3)
-        killed_at[0] = time.monotonic()
+        # timed once it is dead: the load goes on while the kill's thread starts, and b may answer meanwhile
         await asyncio.to_thread(b.kill)
+        killed_at[0] = time.monotonic()
         await asyncio.sleep(1.5)
         stop.set()
         return await running
