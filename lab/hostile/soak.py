@@ -28,6 +28,7 @@ import psutil
 
 from headbudget.loadtest.fairness import to_toml
 from headbudget.loadtest.faults import Redis, wait_until
+from headbudget.loadtest.haproxy import haproxy_config
 from headbudget.loadtest.service_bench import free_port
 from headbudget.service.accounting.auth import hash_key, new_key
 
@@ -46,25 +47,6 @@ MIX = (("balanced_grid", 22), ("light", 12), ("off_grid", 8), ("auto", 7), ("lat
 TIERS = {"cheap": {"default_budget": 0.25, "max_budget": 0.5, "priority": 0},
          "balanced": {"default_budget": 0.5, "max_budget": 1.0, "priority": 5},
          "quality": {"default_budget": 1.0, "max_budget": 1.0, "priority": 10}}
-HAPROXY = """\
-global
-    maxconn 1024
-defaults
-    mode http
-    timeout connect 200ms
-    timeout client 60s
-    timeout server 60s
-    retries 3
-frontend api
-    bind {host}:{port}
-    default_backend replicas
-backend replicas
-    balance roundrobin
-    option httpchk GET /readyz
-    http-check expect status 200
-    default-server inter 1s fall 3 rise 2
-{servers}
-"""
 
 
 @dataclass
@@ -119,8 +101,7 @@ class Servers:
             return
         front = free_port()
         cfg = folder / "haproxy.cfg"
-        cfg.write_text(HAPROXY.format(host=HOST, port=front, servers="\n".join(
-            f"    server r{i} {HOST}:{p} check" for i, p in enumerate(ports))))
+        cfg.write_text(haproxy_config(HOST, front, [(f"r{i}", p) for i, p in enumerate(ports)]))
         exe = _which("haproxy")
         with open(folder / "haproxy.log", "ab") as log:
             self.haproxy = subprocess.Popen([exe, "-db", "-f", str(cfg)], stdout=log, stderr=subprocess.STDOUT,

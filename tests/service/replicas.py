@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from headbudget.loadtest.haproxy import haproxy_config
 from tests.service.conftest import HOST, free_port, service_env, stop_process, wait_until
 
 READY_S = 180.0  # a replica's start: the ONNX export of the checkpoint on a loaded machine
@@ -113,31 +114,6 @@ class Replica:
         return out
 
 
-# Round robin over the replicas, /readyz as the health check, and a refused connection retried at once on the
-# other replica (`option redispatch 1`: every retry may change server). `X-Replica` names the replica that
-# answered. A request already sent to a replica that dies is not retried by haproxy (a POST may have run): the
-# client sees 502 and decides.
-HAPROXY_CFG = """\
-global
-    maxconn 512
-defaults
-    mode http
-    timeout connect 200ms
-    timeout client 60s
-    timeout server 60s
-    retries 3
-    option redispatch 1
-frontend api
-    bind {host}:{port}
-    default_backend replicas
-backend replicas
-    balance roundrobin
-    option httpchk GET /readyz
-    http-check expect status 200
-    default-server inter 300ms fall 2 rise 2
-    http-response set-header X-Replica %[srv_name]
-{servers}
-"""
 
 
 class Haproxy:
@@ -145,10 +121,9 @@ class Haproxy:
         self.exe = need("haproxy", "haproxy")
         self.folder, self.port = folder, free_port()
         self.url = f"http://{HOST}:{self.port}"
-        servers = "\n".join(f"    server {r.name} {HOST}:{r.port} check" for r in replicas)
         self.cfg = folder / "haproxy.cfg"
         folder.mkdir(parents=True, exist_ok=True)
-        self.cfg.write_text(HAPROXY_CFG.format(host=HOST, port=self.port, servers=servers))
+        self.cfg.write_text(haproxy_config(HOST, self.port, [(r.name, r.port) for r in replicas]))
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
