@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from lab.serving_profile import STEPS, main
-from tests.loadtest.test_concurrency import _data
+from tests.loadtest.conftest import assert_one_line_error, data_folder
 
 
 def test_the_loop_cpu_is_split_by_step(smoke_checkpoint: Path, tmp_path: Path) -> None:
     out = tmp_path / "profile.json"
-    rc = main(["--model", str(smoke_checkpoint), "--data", str(_data(tmp_path / "data")), "--conc", "2",
+    rc = main(["--model", str(smoke_checkpoint), "--data", str(data_folder(tmp_path / "data")), "--conc", "2",
                "--seconds", "1", "--server-cpu", "0", "--client-cpu", "0", "--out", str(out)])
     assert rc == 0
     doc = json.loads(out.read_text())
@@ -28,7 +28,5 @@ def test_the_loop_cpu_is_split_by_step(smoke_checkpoint: Path, tmp_path: Path) -
 
 
 def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["--data", str(tmp_path), "--model", str(tmp_path), "--out", str(tmp_path / "x.json")])
-    assert rc == 2
-    err = capsys.readouterr().err
-    assert "serving_profile: error:" in err and err.count("\n") == 1
+    assert_one_line_error(main, ["--data", str(tmp_path), "--model", str(tmp_path), "--out", str(tmp_path / "x.json")],
+                          "serving_profile", capsys)

@@ -3,7 +3,6 @@ and its figures read from the server's own counters (values, not speed)."""
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
@@ -11,22 +10,13 @@ import pytest
 
 from headbudget.loadtest.concurrency import headbudget_target, main, plan
 from headbudget.loadtest.service_bench import Server
-
-
-def _data(folder: Path) -> Path:
-    folder.mkdir()
-    with open(folder / "test.csv", "w", encoding="utf-8", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["text", "label"])
-        w.writeheader()
-        w.writerows({"text": " ".join(["red marker four pink blue"] * (1 + i % 5)) + f" {i}", "label": "0"}
-                    for i in range(12))
-    return folder
+from tests.loadtest.conftest import assert_one_line_error, data_folder
 
 
 def test_rows_for_every_budget_concurrency_and_run(smoke_checkpoint: Path, tmp_path: Path) -> None:
     out = tmp_path / "serving-concurrency.json"
     with Server(smoke_checkpoint, 1, precision="int8") as srv:
-        rc = main(["--url", srv.url, "--pid", str(srv.proc.pid), "--data", str(_data(tmp_path / "data")),
+        rc = main(["--url", srv.url, "--pid", str(srv.proc.pid), "--data", str(data_folder(tmp_path / "data")),
                    "--budgets", "1.0", "0.25", "--conc", "1", "3", "--seconds", "0.5", "--runs", "2",
                    "--checkpoint", "smoke", "--out", str(out)])
     assert rc == 0
@@ -47,7 +37,7 @@ def test_rows_for_every_budget_concurrency_and_run(smoke_checkpoint: Path, tmp_p
 def test_the_wire_client_answers_as_httpx_does(smoke_checkpoint: Path, tmp_path: Path) -> None:
     out = tmp_path / "serving-concurrency.json"
     with Server(smoke_checkpoint, 1, precision="int8") as srv:
-        rc = main(["--url", srv.url, "--pid", str(srv.proc.pid), "--data", str(_data(tmp_path / "data")),
+        rc = main(["--url", srv.url, "--pid", str(srv.proc.pid), "--data", str(data_folder(tmp_path / "data")),
                    "--budgets", "0.25", "--conc", "1", "3", "--seconds", "0.5", "--runs", "1", "--client", "wire",
                    "--out", str(out)])
     assert rc == 0
@@ -68,12 +58,6 @@ def test_each_run_rotates_the_order_of_its_steps() -> None:
 @pytest.mark.parametrize("flags", [["--budgets", "0.05"], ["--conc", "0"], ["--peer-url", "http://x"],
                                    ["--pid", "999999999"], ["--out", "/nonexistent/x.json"]])
 def test_bad_input_is_one_line(flags: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    args = {"--url": "http://127.0.0.1:9", "--pid": "1", "--data": str(_data(tmp_path / "d")),
+    args = {"--url": "http://127.0.0.1:9", "--pid": "1", "--data": str(data_folder(tmp_path / "d")),
             "--out": str(tmp_path / "x.json"), flags[0]: flags[1]}
-    try:
-        rc = main([x for kv in args.items() for x in kv])
-    except SystemExit as e:  # argparse's own checks
-        rc = e.code
-    assert rc == 2
-    err = capsys.readouterr().err
-    assert "concurrency: error:" in err and err.count("\n") == 1
+    assert_one_line_error(main, [x for kv in args.items() for x in kv], "concurrency", capsys)

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from headbudget.loadtest.serving_limit import checks, main
-from tests.loadtest.test_concurrency import _data
+from tests.loadtest.conftest import assert_one_line_error, data_folder
 
 
 def test_one_run_writes_the_engine_alone_the_rows_and_the_checks(smoke_checkpoint: Path, tmp_path: Path) -> None:
     out = tmp_path / "serving-limit.json"
-    rc = main(["--model", str(smoke_checkpoint), "--data", str(_data(tmp_path / "data")), "--budgets", "1.0", "0.25",
+    rc = main(["--model", str(smoke_checkpoint), "--data", str(data_folder(tmp_path / "data")), "--budgets", "1.0", "0.25",
                "--conc", "1", "2", "--seconds", "0.5", "--runs", "1", "--repeats", "3", "--server-cpu", "0",
                "--client-cpu", "0", "--out", str(out)])
     assert rc == 0
@@ -57,12 +57,6 @@ def test_checks_are_medians_beside_the_limit_and_the_peer() -> None:
                                    ["--peer-python", "/nonexistent/python"], ["--out", "/nonexistent/x.json"]])
 def test_bad_input_is_one_line(flags: list[str], smoke_checkpoint: Path, tmp_path: Path,
                                capsys: pytest.CaptureFixture[str]) -> None:
-    args = {"--model": str(smoke_checkpoint), "--data": str(_data(tmp_path / "d")),
+    args = {"--model": str(smoke_checkpoint), "--data": str(data_folder(tmp_path / "d")),
             "--out": str(tmp_path / "x.json"), flags[0]: flags[1]}
-    try:
-        rc = main([x for kv in args.items() for x in kv])
-    except SystemExit as e:  # argparse's own checks
-        rc = e.code
-    assert rc == 2
-    err = capsys.readouterr().err
-    assert "serving_limit: error:" in err and err.count("\n") == 1
+    assert_one_line_error(main, [x for kv in args.items() for x in kv], "serving_limit", capsys)
