@@ -12,6 +12,7 @@ the shares are approximate.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import cProfile
 import json
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--server-cpu", default="1")
     ap.add_argument("--client-cpu", default="0")
-    ap.add_argument("--drive", help=argparse_hidden())
+    ap.add_argument("--drive", help=argparse.SUPPRESS)  # the client process's own mode
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     if args.drive:
@@ -167,12 +168,6 @@ def main(argv: list[str] | None = None) -> int:
     write_doc({"cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"), "commit": code_commit(), "budget": args.budget,
                "conc": args.conc, "seconds": args.seconds, **result}, args.out, "serving_profile", argv)
     return 0
-
-
-def argparse_hidden() -> str:
-    import argparse
-
-    return argparse.SUPPRESS
 
 
 if __name__ == "__main__":

@@ -216,25 +216,20 @@ def main(argv: list[str] | None = None) -> int:
                 stack.enter_context(old)
                 targets += [replace(headbudget_target(old.url, old.proc.pid, b, KEY), server="headbudget-before")
                             for b in args.budgets]
-            peer = None
             if args.peer_python is not None:
                 folder = work / "export-int8"
                 subprocess.run([sys.executable, "-m", "headbudget.cli", "export", "--model", str(args.model),
                                 "--precision", "int8", "--out", str(folder)], check=True, stdout=subprocess.DEVNULL)
-                peer = Peer(args.peer_python, folder, args.server_cpu, work / "peer.log").__enter__()
+                peer = stack.enter_context(Peer(args.peer_python, folder, args.server_cpu, work / "peer.log"))
                 name = "infinity-emb"
                 targets.append(replace(peer_target(peer.url, peer.proc.pid, "."), server=name))
                 peers.append({"name": name, "version": peer.version(), "model": f"headbudget export --precision int8 "
                               f"of {args.model.name}", "ort_threads": 1})
             rows = []
-            try:
-                with pinned({int(c) for c in args.client_cpu.split(",")}):
-                    for target, conc, run in plan(targets, args.conc, args.runs):
-                        rows.append(step(target, texts, conc, args.seconds, run, CLIENTS["wire"]))
-                        print(json.dumps(rows[-1]), flush=True)
-            finally:
-                if peer is not None:
-                    peer.__exit__()
+            with pinned({int(c) for c in args.client_cpu.split(",")}):
+                for target, conc, run in plan(targets, args.conc, args.runs):
+                    rows.append(step(target, texts, conc, args.seconds, run, CLIENTS["wire"]))
+                    print(json.dumps(rows[-1]), flush=True)
     except (subprocess.CalledProcessError, RuntimeError, OSError, httpx.HTTPError) as e:
         print(f"{PROG}: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1

@@ -41,6 +41,7 @@ class Planner:
         self._engine = engine
         self._latency = latency
         self.grid = latency.grid()
+        self._allowed: dict[float, list[float]] = {}  # a tier's max_budget -> the grid budgets up to it
 
     def cost_s(self, job: Job, budget: float) -> float:
         """Estimated seconds to run ``job`` alone at ``budget``."""
@@ -52,7 +53,10 @@ class Planner:
     def want(self, job: Job, now: float) -> float:
         """The budget a request asks for, before any degradation (a latency target: among the grid budgets up to
         its tier's maximum)."""
-        allowed = [b for b in self.grid if b <= job.tier.max_budget + 1e-9] or [self.grid[0]]
+        allowed = self._allowed.get(job.tier.max_budget)
+        if allowed is None:
+            allowed = self._allowed[job.tier.max_budget] = \
+                [b for b in self.grid if b <= job.tier.max_budget + 1e-9] or [self.grid[0]]
         return job.request.want(now - job.enqueued, allowed, lambda b: self.cost_s(job, b))
 
     @staticmethod
